@@ -1,0 +1,151 @@
+"""The ``fpsim`` command line.
+
+``fpsim formats [--json]`` prints every registered format with its derived properties;
+``fpsim exhaustive FORMAT`` runs the opt-in check of all 2**32 float32 inputs against
+ml_dtypes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Any
+
+from .formats import FORMATS, AnyFormat, Format
+
+__all__ = ["main", "format_rows"]
+
+
+def format_rows() -> list[dict[str, Any]]:
+    """One dict per registered format: the fields of ``fpsim formats --json``."""
+    return [_row(f) for f in FORMATS.values()]
+
+
+def _row(f: AnyFormat) -> dict[str, Any]:
+    if not isinstance(f, Format):
+        return {
+            "name": f.name,
+            "kind": "int",
+            "bits": f.bits,
+            "signed": f.signed,
+            "max": float(f.max),
+            "min": float(f.min),
+            "bytes_per_element": f.bytes_per_element,
+            "code_of_max": f.code_of_max,
+        }
+    return {
+        "name": f.name,
+        "kind": "float",
+        "bits": f.bits,
+        "exponent_bits": f.exponent_bits,
+        "mantissa_bits": f.mantissa_bits,
+        "bias": f.bias,
+        "signed": f.signed,
+        "encoding": f.encoding.value,
+        "subnormals": f.subnormals,
+        "max": f.max,
+        "min_normal": f.min_normal,
+        "min_subnormal": f.min_subnormal,
+        "eps": f.eps,
+        "dynamic_range_binades": f.dynamic_range,
+        "code_of_max": f.code_of_max,
+        "code_of_nan": f.code_of_nan,
+        "code_of_inf": f.code_of_inf,
+        "bytes_per_element": f.bytes_per_element,
+    }
+
+
+_COLUMNS = [
+    ("name", "format"),
+    ("bits", "bits"),
+    ("exponent_bits", "E"),
+    ("mantissa_bits", "M"),
+    ("bias", "bias"),
+    ("encoding", "special"),
+    ("max", "max"),
+    ("min_normal", "min normal"),
+    ("min_subnormal", "min subnormal"),
+    ("eps", "eps"),
+    ("dynamic_range_binades", "binades"),
+    ("code_of_max", "max code"),
+    ("code_of_nan", "NaN code"),
+    ("code_of_inf", "inf code"),
+]
+
+
+def _cell(key: str, value: Any, bits: int) -> str:
+    if value is None:
+        return "-"
+    if key.startswith("code_of"):
+        return f"0x{value:0{(bits + 3) // 4}x}"
+    if isinstance(value, float):
+        return f"{value:.1f}" if key == "dynamic_range_binades" else f"{value:.6g}"
+    return str(value)
+
+
+def _print_table(rows: list[dict[str, Any]]) -> None:
+    cells = [[_cell(k, r.get(k), r["bits"]) for k, _ in _COLUMNS] for r in rows]
+    heads = [h for _, h in _COLUMNS]
+    widths = [max(len(h), *(len(c[i]) for c in cells)) for i, h in enumerate(heads)]
+    print("  ".join(h.ljust(w) for h, w in zip(heads, widths)))
+    for c in cells:
+        print("  ".join(v.ljust(w) if i == 0 else v.rjust(w) for i, (v, w) in enumerate(zip(c, widths))))
+
+
+def _cmd_formats(args: argparse.Namespace) -> int:
+    rows = format_rows()
+    if args.json:
+        print(json.dumps(rows, indent=2))
+    else:
+        _print_table(rows)
+    return 0
+
+
+def _cmd_exhaustive(args: argparse.Namespace) -> int:
+    from .exhaustive import exhaustive_check
+
+    res = exhaustive_check(
+        args.format, backend=args.backend, start=args.start, stop=args.stop, progress=not args.quiet
+    )
+    print(
+        f"{res.format} ({res.backend}): {res.compared} float32 inputs compared with ml_dtypes, "
+        f"{res.mismatches} mismatches (NaN compared by class)"
+    )
+    for m in res.first:
+        print(f"  input {m['input_bits']} ({m['input']!r}): ml_dtypes {m['ml_dtypes']}, fpsim {m['fpsim']}")
+    return 1 if res.mismatches else 0
+
+
+def _int(text: str) -> int:
+    return int(text, 0)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="fpsim", description="See what low-precision number formats do to your tensors."
+    )
+    sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    f = sub.add_parser("formats", help="table of every registered format and its derived properties")
+    f.add_argument("--json", action="store_true", help="print the same as JSON")
+    f.set_defaults(run=_cmd_formats)
+
+    names = [n for n, f in FORMATS.items() if isinstance(f, Format)]
+    e = sub.add_parser("exhaustive", help="compare all 2**32 float32 inputs with ml_dtypes (opt-in, ~1 min)")
+    e.add_argument("format", choices=names, metavar="FORMAT", help="one of: " + ", ".join(names))
+    e.add_argument("--backend", choices=["numpy", "jax"], default="numpy")
+    e.add_argument("--start", type=_int, default=0, help="first float32 bit pattern (default 0)")
+    e.add_argument("--stop", type=_int, default=1 << 32, help="one past the last pattern (default 2**32)")
+    e.add_argument("--quiet", action="store_true", help="no progress bar")
+    e.set_defaults(run=_cmd_exhaustive)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    return args.run(args)
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

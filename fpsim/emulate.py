@@ -1,0 +1,184 @@
+"""Tier 2: encode, decode and quantize arrays (numpy, or JAX under ``jax.jit``).
+
+Codes are unsigned integers (uint8 up to 8 bits, uint16 up to 16, uint32 for float32);
+values are float32. Bit-exactness is always judged on codes. Tested against ml_dtypes and
+torch casts (nearest-even), against :mod:`fpsim.reference` for every mode, and the JAX path
+against the numpy path.
+"""
+
+from __future__ import annotations
+
+import sys
+from functools import cache
+from typing import Any
+
+import numpy as np
+
+from . import _bitcore
+from .formats import AnyFormat, Encoding, Format, IntFormat, get_format
+from .rounding import RoundMode
+
+__all__ = ["encode", "decode", "quantize"]
+
+
+def encode(
+    x: Any,
+    fmt: str | AnyFormat,
+    *,
+    rounding: RoundMode | str = RoundMode.NEAREST_EVEN,
+    saturate: bool = False,
+    subnormals: bool = True,
+    random_bits: Any = None,
+    rng: np.random.Generator | int | None = None,
+    stochastic_bits: int = 32,
+) -> Any:
+    """Round ``x`` to ``fmt`` and return the codes.
+
+    Args:
+        x: numpy array (float16/32/64, bfloat16 or another ml_dtypes float, integers),
+            Python number or sequence, or a JAX array (also inside ``jax.jit``). float64
+            inputs are rounded once, directly (ml_dtypes goes through float32 first and can
+            round twice).
+        fmt: a :class:`~fpsim.Format`, :class:`~fpsim.IntFormat` or a registry name.
+        rounding: a :class:`~fpsim.RoundMode` or its name.
+        saturate: clamp every out-of-range value, +-inf included, to +-max (NVIDIA
+            ``satfinite``, torch's float8_e4m3fn cast). NaN stays NaN. For integer formats
+            False wraps modulo ``2**bits``.
+        subnormals: False flushes subnormal results to a zero of the same sign after
+            rounding (PTX ``.ftz``).
+        random_bits: for stochastic rounding, a uint32 array of ``x``'s shape; element i
+            uses its low ``stochastic_bits`` bits (see :class:`~fpsim.RoundMode`).
+        rng: when ``random_bits`` is None, a ``numpy.random.Generator`` or an int seed
+            from which they are drawn.
+        stochastic_bits: how many random bits one stochastic rounding uses, 1 to 32.
+
+    Returns:
+        Unsigned integer codes of ``x``'s shape (numpy, or JAX for JAX input). NaN gives
+        the format's NaN code (:attr:`Format.code_of_nan`, with the input's sign where the
+        format has one); formats without NaN give +0. Unsigned formats give NaN for
+        negatives; E8M0 gives NaN for zero and its smallest value for anything below it.
+    """
+    fmt, mode = get_format(fmt), RoundMode.parse(rounding)
+    xp, x = _as_float_array(x)
+    rand = None
+    if mode is RoundMode.STOCHASTIC:
+        if not 1 <= stochastic_bits <= 32:
+            raise ValueError(f"stochastic_bits must be in [1, 32], got {stochastic_bits}")
+        rand = _random_bits(xp, random_bits, rng, x.shape)
+    if isinstance(fmt, IntFormat):
+        return _bitcore.encode_int(xp, x, fmt, mode, saturate, rand, stochastic_bits)
+    ftz = not (subnormals and fmt.subnormals)
+    if xp is np:
+        return _bitcore.encode_float_numpy(x, fmt, mode, saturate, ftz, rand, stochastic_bits)
+    return _bitcore.encode_float(xp, x, fmt, mode, saturate, ftz, rand, stochastic_bits)
+
+
+def decode(codes: Any, fmt: str | AnyFormat) -> Any:
+    """Values (float32) of ``codes`` in ``fmt``.
+
+    Codes of formats up to 16 bits go through a table built once per format; float32 codes
+    are reinterpreted. NaN codes give NaN, in formats without subnormals the subnormal codes
+    give zero.
+    """
+    fmt = get_format(fmt)
+    xp = _namespace(codes)
+    codes = xp.asarray(codes)
+    if not np.issubdtype(codes.dtype, np.integer):
+        raise TypeError(f"decode: codes must be an integer array, got dtype {codes.dtype}")
+    if fmt.bits == 32:
+        return _bitcore.bitcast(xp, codes.astype(np.uint32), np.float32)
+    if xp is np and codes.size and (codes.min() < 0 or codes.max() >= (1 << fmt.bits)):
+        raise ValueError(
+            f"decode: codes out of range for {fmt.name} ({fmt.bits} bits): "
+            f"min {codes.min()}, max {codes.max()}"
+        )
+    table = decode_table(fmt)
+    if xp is np:
+        return table[codes]
+    return xp.asarray(table)[codes.astype(np.int32)]
+
+
+def quantize(x: Any, fmt: str | AnyFormat, **kwargs: Any) -> Any:
+    """``decode(encode(x, fmt, **kwargs), fmt)``: ``x`` rounded to ``fmt``, as float32."""
+    return decode(encode(x, fmt, **kwargs), fmt)
+
+
+@cache
+def decode_table(fmt: AnyFormat) -> np.ndarray:
+    """float32 value of every code of a format of at most 16 bits (read-only array)."""
+    if fmt.bits > 16:
+        raise ValueError(f"decode_table: {fmt.name} has {fmt.bits} bits; at most 16")
+    code = np.arange(1 << fmt.bits, dtype=np.int64)
+    if isinstance(fmt, IntFormat):
+        value = np.where(fmt.signed & (code >> (fmt.bits - 1) == 1), code - (1 << fmt.bits), code)
+        table = value.astype(np.float32)
+    else:
+        table = _float_table(fmt, code)
+    table.flags.writeable = False
+    return table
+
+
+def _float_table(fmt: Format, code: np.ndarray) -> np.ndarray:
+    e_bits, m_bits = fmt.exponent_bits, fmt.mantissa_bits
+    mag = code & ((1 << (e_bits + m_bits)) - 1)
+    field, frac = mag >> m_bits, mag & ((1 << m_bits) - 1)
+    normal = (field > 0) | (not fmt.has_zero)
+    scale = np.where(normal, field - fmt.bias, fmt.min_exponent) - m_bits
+    signif = np.where(normal, frac + (1 << m_bits), frac if fmt.subnormals else 0)
+    value = np.ldexp(signif.astype(np.float64), scale)
+    value = np.where(code & fmt.sign_mask, -value, value)
+    if fmt.encoding is Encoding.IEEE:
+        top = field == (1 << e_bits) - 1
+        value = np.where(top, np.where(frac == 0, np.copysign(np.inf, value), np.nan), value)
+    elif fmt.encoding is Encoding.FN:
+        value = np.where(mag == (1 << (e_bits + m_bits)) - 1, np.nan, value)
+    elif fmt.encoding is Encoding.FNUZ:
+        value = np.where(code == fmt.sign_mask, np.nan, value)
+    return value.astype(np.float32)
+
+
+def _namespace(a: Any) -> Any:
+    jax = sys.modules.get("jax")
+    if jax is not None and isinstance(a, jax.Array):
+        return jax.numpy
+    return np
+
+
+def _as_float_array(x: Any) -> tuple[Any, Any]:
+    """(xp, array) with the array float32 or float64, converted exactly where possible."""
+    xp = _namespace(x)
+    if xp is np:
+        x = np.asarray(x)
+    dt = np.dtype(x.dtype)
+    if dt in (np.float32, np.float64):
+        return xp, x
+    if dt.kind in "iub" or dt == np.float16 or _is_ml_float(dt):
+        wide = dt.kind in "iu" and dt.itemsize > 2 and (xp is np or dt.itemsize == 8)
+        return xp, x.astype(np.float64 if wide else np.float32)
+    raise TypeError(f"encode: cannot encode arrays of dtype {dt}; give floats or integers")
+
+
+def _is_ml_float(dt: np.dtype) -> bool:
+    try:
+        import ml_dtypes
+
+        ml_dtypes.finfo(dt)
+    except (TypeError, ValueError):
+        return False
+    return dt.itemsize <= 2
+
+
+def _random_bits(xp: Any, random_bits: Any, rng: Any, shape: tuple) -> Any:
+    if random_bits is None:
+        if rng is None:
+            raise ValueError(
+                "stochastic rounding needs random_bits= (uint32, x's shape) "
+                "or rng= (a numpy Generator or an int seed)"
+            )
+        gen = rng if isinstance(rng, np.random.Generator) else np.random.default_rng(rng)
+        random_bits = xp.asarray(gen.integers(0, 1 << 32, size=shape, dtype=np.uint32))
+    if random_bits.dtype != np.uint32:
+        raise TypeError(f"random_bits must be uint32, got {random_bits.dtype}")
+    if tuple(random_bits.shape) != tuple(shape):
+        raise ValueError(f"random_bits has shape {tuple(random_bits.shape)}; x has {tuple(shape)}")
+    return random_bits

@@ -1,0 +1,63 @@
+"""The command line: ``fpsim formats`` and the exhaustive check on a small range."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+import fpsim
+from fpsim.cli import main
+
+
+def test_formats_table_lists_every_format(capsys):
+    assert main(["formats"]) == 0
+    out = capsys.readouterr().out
+    lines = out.strip().splitlines()
+    assert lines[0].split()[0] == "format"
+    assert [ln.split()[0] for ln in lines[1:]] == list(fpsim.FORMATS)
+    e4m3 = next(ln for ln in lines if ln.startswith("float8_e4m3fn "))
+    assert "448" in e4m3.split() and "0x7e" in e4m3.split()
+
+
+def test_formats_json_matches_the_formats(capsys):
+    assert main(["formats", "--json"]) == 0
+    rows = json.loads(capsys.readouterr().out)
+    assert [r["name"] for r in rows] == list(fpsim.FORMATS)
+    for r in rows:
+        fmt = fpsim.get_format(r["name"])
+        assert r["max"] == float(fmt.max) and r["bits"] == fmt.bits
+        if r["kind"] == "float":
+            assert r["code_of_nan"] == fmt.code_of_nan and r["min_subnormal"] == fmt.min_subnormal
+
+
+def test_console_script_runs():
+    out = subprocess.run(
+        [sys.executable, "-m", "fpsim.cli", "formats", "--json"], capture_output=True, text=True, check=True
+    ).stdout
+    assert json.loads(out)[0]["name"] == "float32"
+
+
+@pytest.mark.parametrize("fmt", ["float8_e4m3fn", "bfloat16"])
+def test_exhaustive_on_a_slice_reports_no_mismatch(fmt, capsys):
+    # the slice holds 1.0 .. 2.0 and its neighbours, plus the NaN/inf patterns
+    assert main(["exhaustive", fmt, "--start", "0x3f700000", "--stop", "0x3f900000", "--quiet"]) == 0
+    assert main(["exhaustive", fmt, "--start", "0x7f700000", "--stop", "0x80000000", "--quiet"]) == 0
+    assert "0 mismatches" in capsys.readouterr().out
+
+
+def test_exhaustive_reports_a_real_disagreement(capsys):
+    """E8M0 from float32 subnormals: ml_dtypes 0.6 rounds (2**-127, 2**-126) up (see REFERENCE)."""
+    code = main(["exhaustive", "float8_e8m0fnu", "--start", "0x00400000", "--stop", "0x00500000", "--quiet"])
+    out = capsys.readouterr().out
+    assert code == 1 and "1048575 mismatches" in out and "input 0x00400001" in out
+
+
+def test_exhaustive_rejects_bad_arguments(capsys):
+    with pytest.raises(SystemExit):
+        main(["exhaustive", "int8"])
+    assert "invalid choice" in capsys.readouterr().err
+    with pytest.raises(ValueError, match="start < stop"):
+        main(["exhaustive", "float16", "--start", "5", "--stop", "5", "--quiet"])
