@@ -1,15 +1,25 @@
 """fpsim: see what low-precision number formats do to your tensors.
 
-Public API (kept small): formats and their registry, rounding modes, and the emulator's
-three verbs ``encode`` / ``decode`` / ``quantize``.
+Public API (kept small): element formats and block recipes with their registries, rounding
+modes, and the three verbs ``encode`` / ``decode`` / ``quantize`` that take any of them.
 """
 
-from .emulate import decode, encode, quantize
+from .blockformat import RECIPES, BlockFormat, Codebook, ScaleRule
+from .codec import decode, encode, quantize
+from .delayed import DelayedScaling, DelayedState
 from .formats import FORMATS, Encoding, Format, IntFormat, get_format
 from .rounding import RoundMode
+from .scaling import BlockCodes
 
 __all__ = [
     "FORMATS",
+    "RECIPES",
+    "BlockCodes",
+    "BlockFormat",
+    "Codebook",
+    "DelayedScaling",
+    "DelayedState",
+    "ScaleRule",
     "Encoding",
     "Format",
     "IntFormat",

@@ -151,25 +151,24 @@ def encode_float(xp, x, fmt: Format, mode: RoundMode, saturate: bool, ftz: bool,
 
 
 def encode_int(xp, x, fmt: IntFormat, mode: RoundMode, saturate: bool, rand, nbits: int):
-    """Codes (two's complement bit patterns) of ``x`` rounded to the integer format."""
+    """Codes (two's complement bit patterns) of ``x * 2**fraction_bits`` rounded to an integer."""
     s = _Src(x.dtype)
     U, I = s.U, s.I
     neg, mag, sig, qs, _ = _split(xp, x, s, 0)
-    d = -qs
+    d = -(qs + I(fmt.fraction_bits))
     kept = _round(xp, sig, xp.maximum(d, I(0)), neg, mode, rand, nbits, s)
-    big = d < 0  # |x| >= 2**(mbits + 1): already an integer, far out of range
+    big = d < 0  # |x| * 2**fraction_bits >= 2**(mbits + 1): an integer far out of range
     kept = xp.where(big, sig << xp.clip(-d, 0, fmt.bits).astype(U), kept)
     mask = U((1 << fmt.bits) - 1)
-    finite = mag < U(s.inf)
-    if saturate:
-        lo = U(-fmt.min)
-        pos = xp.where(big | (kept > U(fmt.max)), U(fmt.max), kept)
+    if saturate or fmt.symmetric:
+        lo = U(-fmt.min_int)
+        pos = xp.where(big | (kept > U(fmt.max_int)), U(fmt.max_int), kept)
         negv = xp.where(big | (kept > lo), lo, kept)
         code = xp.where(neg, (U(0) - negv) & mask, pos)
         code = xp.where(mag > U(s.inf), U(0), code)  # NaN -> 0; +-inf clamp like finite
     else:
         code = xp.where(neg, U(0) - kept, kept) & mask
-        code = xp.where(finite, code, U(0))  # inf and NaN have no integer: 0
+        code = xp.where(mag < U(s.inf), code, U(0))  # inf and NaN have no integer: 0
     return code.astype(fmt.code_dtype)
 
 

@@ -58,7 +58,7 @@ def encode(
         format has one); formats without NaN give +0. Unsigned formats give NaN for
         negatives; E8M0 gives NaN for zero and its smallest value for anything below it.
     """
-    fmt, mode = get_format(fmt), RoundMode.parse(rounding)
+    fmt, mode = _element(fmt), RoundMode.parse(rounding)
     xp, x = _as_float_array(x)
     rand = None
     if mode is RoundMode.STOCHASTIC:
@@ -80,7 +80,7 @@ def decode(codes: Any, fmt: str | AnyFormat) -> Any:
     are reinterpreted. NaN codes give NaN, in formats without subnormals the subnormal codes
     give zero.
     """
-    fmt = get_format(fmt)
+    fmt = _element(fmt)
     xp = _namespace(codes)
     codes = xp.asarray(codes)
     if not np.issubdtype(codes.dtype, np.integer):
@@ -111,7 +111,7 @@ def decode_table(fmt: AnyFormat) -> np.ndarray:
     code = np.arange(1 << fmt.bits, dtype=np.int64)
     if isinstance(fmt, IntFormat):
         value = np.where(fmt.signed & (code >> (fmt.bits - 1) == 1), code - (1 << fmt.bits), code)
-        table = value.astype(np.float32)
+        table = np.ldexp(value.astype(np.float64), -fmt.fraction_bits).astype(np.float32)
     else:
         table = _float_table(fmt, code)
     table.flags.writeable = False
@@ -135,6 +135,13 @@ def _float_table(fmt: Format, code: np.ndarray) -> np.ndarray:
     elif fmt.encoding is Encoding.FNUZ:
         value = np.where(code == fmt.sign_mask, np.nan, value)
     return value.astype(np.float32)
+
+
+def _element(fmt: Any) -> AnyFormat:
+    fmt = get_format(fmt)
+    if not isinstance(fmt, (Format, IntFormat)):
+        raise TypeError(f"{fmt.name} is a block format: use fpsim.encode / fpsim.decode for it")
+    return fmt
 
 
 def _namespace(a: Any) -> Any:

@@ -213,31 +213,55 @@ class Format:
 
 @dataclass(frozen=True)
 class IntFormat:
-    """A ``bits``-wide integer, two's complement when ``signed``.
+    """A ``bits``-wide integer ``k`` (two's complement when ``signed``) with value
+    ``k * 2**-fraction_bits``.
 
-    Encoding rounds to an integer with the requested rounding mode, then clamps
-    (``saturate=True``) or wraps modulo ``2**bits`` as a C cast of an integer does.
+    Encoding rounds ``x * 2**fraction_bits`` to an integer with the requested rounding mode,
+    then clamps (``saturate=True``) or wraps modulo ``2**bits`` as a C cast of an integer
+    does. ``symmetric`` drops the most negative code (-127..127 for 8 bits, as the linear
+    absmax scheme and microxcaling's MXINT8 use) and always clamps. MXINT8 elements are
+    ``IntFormat("mxint8_element", 8, symmetric=True, fraction_bits=6)`` (OCP MX v1.0 5.3).
     """
 
     name: str
     bits: int
     signed: bool = True
+    symmetric: bool = False
+    fraction_bits: int = 0
 
     def __post_init__(self) -> None:
         if not 2 <= self.bits <= 16:
             raise ValueError(f"IntFormat {self.name!r}: bits must be in [2, 16], got {self.bits}")
+        if self.symmetric and not self.signed:
+            raise ValueError(f"IntFormat {self.name!r}: symmetric needs signed")
+        if not 0 <= self.fraction_bits <= 32:
+            raise ValueError(f"IntFormat {self.name!r}: fraction_bits must be in [0, 32]")
 
     @property
-    def max(self) -> int:
+    def max_int(self) -> int:
+        """Largest integer code value ``k``."""
         return (1 << (self.bits - self.signed)) - 1
 
     @property
-    def min(self) -> int:
-        return -(1 << (self.bits - 1)) if self.signed else 0
+    def min_int(self) -> int:
+        """Smallest integer code value ``k``."""
+        if not self.signed:
+            return 0
+        return -self.max_int if self.symmetric else -(1 << (self.bits - 1))
+
+    @property
+    def max(self) -> float:
+        """Largest value, ``max_int * 2**-fraction_bits``."""
+        return math.ldexp(self.max_int, -self.fraction_bits)
+
+    @property
+    def min(self) -> float:
+        """Smallest (most negative) value."""
+        return math.ldexp(self.min_int, -self.fraction_bits)
 
     @property
     def code_of_max(self) -> int:
-        return self.max
+        return self.max_int
 
     @property
     def code_dtype(self) -> str:
@@ -279,18 +303,24 @@ FORMATS: Mapping[str, AnyFormat] = MappingProxyType({f.name: f for f in _BUILTIN
 """The built-in formats by name (read-only). Define others with :class:`Format`."""
 
 
-def get_format(fmt: str | AnyFormat) -> AnyFormat:
-    """Return the format named ``fmt`` (a Format or IntFormat passes through unchanged).
+def get_format(fmt):
+    """Return the format or block recipe named ``fmt``; a format object passes through.
+
+    Looks in :data:`FORMATS` (element formats) and :data:`fpsim.blockformat.RECIPES`
+    (block formats such as ``mxfp8_e4m3``).
 
     Raises:
         ValueError: for an unknown name; the message lists the known names.
         TypeError: for anything that is neither a name nor a format.
     """
-    if isinstance(fmt, (Format, IntFormat)):
+    from .blockformat import RECIPES, BlockFormat  # recipes are built from these formats
+
+    if isinstance(fmt, (Format, IntFormat, BlockFormat)):
         return fmt
     if isinstance(fmt, str):
-        try:
-            return FORMATS[fmt]
-        except KeyError:
-            raise ValueError(f"unknown format {fmt!r}; known formats: {', '.join(FORMATS)}") from None
+        found = FORMATS.get(fmt) or RECIPES.get(fmt)
+        if found is None:
+            known = ", ".join([*FORMATS, *RECIPES])
+            raise ValueError(f"unknown format {fmt!r}; known formats: {known}")
+        return found
     raise TypeError(f"format must be a name or a Format, got {type(fmt).__name__}: {fmt!r}")

@@ -27,7 +27,8 @@ def decode_scalar(code: int, fmt: str | AnyFormat) -> float:
     if not 0 <= code < (1 << fmt.bits):
         raise ValueError(f"code {code} out of range for {fmt.name} ({fmt.bits} bits)")
     if isinstance(fmt, IntFormat):
-        return float(code - (1 << fmt.bits) if fmt.signed and code >> (fmt.bits - 1) else code)
+        k = code - (1 << fmt.bits) if fmt.signed and code >> (fmt.bits - 1) else code
+        return math.ldexp(k, -fmt.fraction_bits)
     e_bits, m_bits = fmt.exponent_bits, fmt.mantissa_bits
     negative = bool(code & fmt.sign_mask)
     mag = code & ((1 << (e_bits + m_bits)) - 1)
@@ -129,17 +130,18 @@ def _round_up(k: int, frac: Fraction, negative: bool, mode: RoundMode, rbits: in
 
 def _encode_int(x: float, fmt: IntFormat, mode: RoundMode, saturate: bool, rbits: int, n: int) -> int:
     mask = (1 << fmt.bits) - 1
+    saturate = saturate or fmt.symmetric
     if math.isnan(x) or (math.isinf(x) and not saturate):
         return 0
     if math.isinf(x):
-        return (fmt.max if x > 0 else fmt.min) & mask
+        return (fmt.max_int if x > 0 else fmt.min_int) & mask
     negative = x < 0
-    v = abs(Fraction(x))
+    v = abs(Fraction(x)) * (1 << fmt.fraction_bits)
     k = math.floor(v)
     r = k + _round_up(k, v - k, negative, mode, rbits, n)
     value = -r if negative else r
     if saturate:
-        value = min(max(value, fmt.min), fmt.max)
+        value = min(max(value, fmt.min_int), fmt.max_int)
     return value & mask
 
 

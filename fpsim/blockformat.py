@@ -1,0 +1,232 @@
+"""Scaled and block formats: an element format, a block shape and a scale rule.
+
+A :class:`BlockFormat` describes every scaling scheme fpsim emulates: per-tensor current
+scaling, per-row/column scales, 1-D blocks and 2-D tiles with FP32 scales (Transformer
+Engine, DeepSeek-V3), MX formats (OCP Microscaling v1.0), NVFP4, block-INT8 and the
+bitsandbytes dynamic codebook. The arithmetic lives in :mod:`fpsim.scaling`; this module is
+description only. Presets are reachable by name through :func:`fpsim.get_format`.
+"""
+
+from __future__ import annotations
+
+import enum
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+from types import MappingProxyType
+
+import numpy as np
+
+from . import _codebooks
+from .formats import FORMATS, Format, IntFormat
+
+__all__ = ["ScaleRule", "Codebook", "BlockFormat", "RECIPES"]
+
+
+class ScaleRule(enum.Enum):
+    """How a block's scale is computed from its absolute maximum ``amax``.
+
+    Attributes:
+        TE: Transformer Engine ``compute_scale_from_amax`` (recipe_common.cuh): encode
+            multiplier ``scale = f32(elem_max / max(amax, eps))``; amax 0, inf or NaN gives
+            1; an infinite scale gives FLT_MAX; ``pow2`` keeps only sign and exponent bits
+            (rounds down). Elements ``cast(f32(x * scale))``; stored scale ``f32(1/scale)``.
+            NaN elements are ignored by the amax (fmaxf). Float8CurrentScaling (per tensor)
+            and Float8BlockScaling (1x128, 128x128).
+        ABSMAX: decode scale ``s = f32(max(amax, eps) / elem_max)``, elements
+            ``cast(f32(x / s))`` (torchao AdamWFp8, DeepSeek-V3 inference kernels,
+            linear INT8). A block whose amax is 0 has scale 0 and zero codes. A NaN in a
+            block makes its amax NaN (torch.amax). Codebook elements (bitsandbytes) use
+            ``x * f32(1/absmax)`` instead, as bitsandbytes does.
+        MX_FLOOR: OCP MX v1.0 section 6.3: ``2**(floor(log2 amax) - emax_elem)``.
+        MX_CEIL: ``2**(ceil(log2 amax) - emax_elem)`` (torchao ScaleCalculationMode.CEIL).
+        MX_EVEN: amax rounded half-up to the element's significand width first, then the
+            floor rule (torchao ScaleCalculationMode.EVEN).
+        MX_RCEIL: ``f32(amax * f32(1/elem_max))`` rounded up to a power of two
+            (Transformer Engine and cuBLAS MXFP8; torchao RCEIL).
+        NVFP4: Transformer Engine NVFP4: FP32 tensor scale ``S_enc = f32(2688 / amax_t)``,
+            E4M3 block scale ``e4m3(f32(amax_b * f32(S_enc * f32(1/6))))``, elements
+            ``cast(f32(x * f32(1 / f32(s8 * f32(1/S_enc)))))``.
+
+    MX rules: scale exponents are clamped below at -127; a non-finite amax or an exponent
+    above 127 gives the NaN scale 0xFF. The amax propagates NaN (torch.amax, microxcaling).
+    """
+
+    TE = "te"
+    ABSMAX = "absmax"
+    MX_FLOOR = "mx_floor"
+    MX_CEIL = "mx_ceil"
+    MX_EVEN = "mx_even"
+    MX_RCEIL = "mx_rceil"
+    NVFP4 = "nvfp4"
+
+    @property
+    def is_mx(self) -> bool:
+        return self.value.startswith("mx_")
+
+
+@dataclass(frozen=True)
+class Codebook:
+    """A table of up to 256 sorted float32 values in [-1, 1]; a code is an index.
+
+    Args:
+        name: e.g. ``"bnb_dynamic8"``.
+        values: strictly increasing values, exactly representable in float32.
+        lut_bins: 0 encodes to the nearest entry (ties to the lower index, as bitsandbytes'
+            CUDA and pure-torch paths do). 65536 reproduces bitsandbytes 0.50.2's CPU
+            kernel, which snaps ``(v + 1) / 2`` to a grid of 65536 bins before the lookup
+            and so misses the nearest entry for about 0.15% of normal data.
+    """
+
+    name: str
+    values: tuple[float, ...]
+    lut_bins: int = 0
+
+    def __post_init__(self) -> None:
+        v = np.asarray(self.values, np.float64)
+        if not 2 <= v.size <= 256 or np.any(np.diff(v) <= 0) or np.any(np.abs(v) > 1):
+            raise ValueError(f"Codebook {self.name!r}: need 2..256 strictly increasing values in [-1, 1]")
+        if np.any(v.astype(np.float32) != v):
+            raise ValueError(f"Codebook {self.name!r}: values must be exact in float32")
+        if self.lut_bins not in (0, 65536):
+            raise ValueError(f"Codebook {self.name!r}: lut_bins must be 0 or 65536, got {self.lut_bins}")
+
+    @property
+    def bits(self) -> int:
+        return max(1, math.ceil(math.log2(len(self.values))))
+
+    @property
+    def max(self) -> float:
+        return max(abs(self.values[0]), abs(self.values[-1]))
+
+    @property
+    def code_dtype(self) -> str:
+        return "uint8"
+
+    @property
+    def table(self) -> np.ndarray:
+        """The values as a float32 array."""
+        return np.asarray(self.values, np.float32)
+
+    @classmethod
+    def bnb_dynamic(cls, signed: bool = True, *, lut_bins: int = 0) -> Codebook:
+        """bitsandbytes' ``create_dynamic_map(signed)``: 8-bit dynamic tree map."""
+        words = _codebooks.BNB_DYNAMIC_SIGNED if signed else _codebooks.BNB_DYNAMIC_UNSIGNED
+        values = np.asarray(words, np.uint32).view(np.float32).astype(np.float64)
+        name = "bnb_dynamic8" if signed else "bnb_dynamic8u"
+        return cls(name, tuple(values.tolist()), lut_bins)
+
+    def __str__(self) -> str:
+        return self.name
+
+
+Element = Format | IntFormat | Codebook
+
+
+@dataclass(frozen=True)
+class BlockFormat:
+    """Elements in ``element``, one scale per block, computed by ``rule``.
+
+    Args:
+        name: preset name, e.g. ``"mxfp8_e4m3"``.
+        element: element format (a Format, IntFormat or Codebook).
+        block: block shape over the trailing axes, e.g. ``(32,)`` for 1x32 blocks along the
+            last axis, ``(128, 128)`` for tiles over the last two; ``-1`` means the whole
+            axis (``(-1,)`` is one scale per row, ``(-1, 1)`` one per column of a matrix);
+            None means one scale for the whole tensor.
+        rule: how a block's scale follows from its amax, see :class:`ScaleRule`.
+        scale_format: format of the stored scales (float32, float8_e8m0fnu for MX,
+            float8_e4m3fn for NVFP4).
+        pow2: round the scale to a power of two (TE ``pow2``: masks the mantissa).
+        eps: lower bound applied to the amax before the scale (TE ``amax_epsilon``,
+            torchao's ``clip(1e-12)``).
+        flatten: block the flattened tensor (bitsandbytes, torchao optimizer states)
+            instead of the trailing axes.
+        pad: allow a ragged last block along an axis (its missing elements count as
+            zeros, which never change the amax). False makes such shapes an error.
+    """
+
+    name: str
+    element: Element
+    block: tuple[int, ...] | None
+    rule: ScaleRule
+    scale_format: Format = FORMATS["float32"]
+    pow2: bool = False
+    eps: float = 0.0
+    flatten: bool = False
+    pad: bool = True
+
+    def __post_init__(self) -> None:
+        where = f"BlockFormat {self.name!r}"
+        if self.block is not None:
+            if not self.block or any(b == 0 or b < -1 for b in self.block):
+                raise ValueError(f"{where}: block entries must be positive or -1, got {self.block}")
+            if self.flatten and len(self.block) != 1:
+                raise ValueError(f"{where}: flatten needs a 1-D block, got {self.block}")
+        if isinstance(self.element, Codebook) and self.rule is not ScaleRule.ABSMAX:
+            raise ValueError(f"{where}: codebook elements need ScaleRule.ABSMAX")
+        if self.rule.is_mx and self.scale_format.name != "float8_e8m0fnu":
+            raise ValueError(f"{where}: MX rules store float8_e8m0fnu scales")
+        if self.rule is ScaleRule.NVFP4 and self.scale_format.name != "float8_e4m3fn":
+            raise ValueError(f"{where}: NVFP4 stores float8_e4m3fn block scales")
+        if not self.rule.is_mx and self.rule is not ScaleRule.NVFP4 and self.scale_format.bits != 32:
+            raise ValueError(f"{where}: {self.rule.value} stores float32 scales")
+
+    @property
+    def block_elements(self) -> int | None:
+        """Elements per block (None when it depends on the tensor's shape)."""
+        if self.block is None or -1 in self.block:
+            return None
+        return math.prod(self.block)
+
+    @property
+    def bits_per_element(self) -> float:
+        """Element bits plus the block scale's share (per-tensor scales count as 0)."""
+        n = self.block_elements
+        return self.element.bits + (self.scale_format.bits / n if n else 0.0)
+
+    @property
+    def bytes_per_element(self) -> float:
+        return self.bits_per_element / 8
+
+    @property
+    def elem_max(self) -> float:
+        """Largest element magnitude: the target of the scale."""
+        return float(self.element.max)
+
+    def __str__(self) -> str:
+        return self.name
+
+
+def _presets() -> tuple[BlockFormat, ...]:
+    f = FORMATS
+    e8m0, e4m3 = f["float8_e8m0fnu"], f["float8_e4m3fn"]
+    int8_sym = IntFormat("int8_symmetric", 8, symmetric=True)
+    mxint8 = IntFormat("mxint8_element", 8, symmetric=True, fraction_bits=6)
+    bnb, bnb_u = Codebook.bnb_dynamic(True), Codebook.bnb_dynamic(False)
+    mx = ScaleRule.MX_FLOOR
+    out = [
+        BlockFormat("mxfp8_e4m3", e4m3, (32,), mx, e8m0),
+        BlockFormat("mxfp8_e5m2", f["float8_e5m2"], (32,), mx, e8m0),
+        BlockFormat("mxfp6_e2m3", f["float6_e2m3fn"], (32,), mx, e8m0),
+        BlockFormat("mxfp6_e3m2", f["float6_e3m2fn"], (32,), mx, e8m0),
+        BlockFormat("mxfp4_e2m1", f["float4_e2m1fn"], (32,), mx, e8m0),
+        BlockFormat("mxint8", mxint8, (32,), mx, e8m0),
+        BlockFormat("nvfp4", f["float4_e2m1fn"], (16,), ScaleRule.NVFP4, e4m3),
+        BlockFormat("int8_block256", int8_sym, (256,), ScaleRule.ABSMAX, flatten=True),
+        BlockFormat("int8_block2048", int8_sym, (2048,), ScaleRule.ABSMAX, flatten=True),
+        BlockFormat("bnb_dynamic8_block256", bnb, (256,), ScaleRule.ABSMAX, flatten=True),
+        BlockFormat("bnb_dynamic8_block2048", bnb, (2048,), ScaleRule.ABSMAX, flatten=True),
+        BlockFormat("bnb_dynamic8u_block256", bnb_u, (256,), ScaleRule.ABSMAX, flatten=True),
+        BlockFormat("fp8_e4m3_block256", e4m3, (256,), ScaleRule.ABSMAX, eps=1e-12, flatten=True),
+        BlockFormat("e4m3_tensor", e4m3, None, ScaleRule.TE),
+        BlockFormat("e5m2_tensor", f["float8_e5m2"], None, ScaleRule.TE),
+        BlockFormat("e4m3_row", e4m3, (-1,), ScaleRule.TE),
+        BlockFormat("e4m3_block128", e4m3, (128,), ScaleRule.TE, pow2=True),
+        BlockFormat("e4m3_tile128", e4m3, (128, 128), ScaleRule.TE, pow2=True),
+    ]
+    return tuple(out)
+
+
+RECIPES: Mapping[str, BlockFormat] = MappingProxyType({r.name: r for r in _presets()})
+"""Block-format presets by name (read-only). Build others with :class:`BlockFormat`."""
