@@ -211,3 +211,25 @@ def encode_float_numpy(x, fmt: Format, mode: RoundMode, saturate: bool, ftz: boo
             j = np.flatnonzero(bad)
             out[i + j] = encode_float(np, flat[i + j], fmt, mode, saturate, ftz, None, nbits)
     return out.reshape(x.shape)
+
+
+_INT_ROUND = {
+    _R.NEAREST_EVEN: np.rint,
+    _R.TOWARD_ZERO: np.trunc,
+    _R.TOWARD_POSITIVE: np.ceil,
+    _R.TOWARD_NEGATIVE: np.floor,
+}
+
+
+def encode_int_numpy(x, fmt: IntFormat, mode: RoundMode, saturate: bool, rand, nbits: int):
+    """numpy fast path of :func:`encode_int` for clamping casts in the IEEE modes.
+
+    ``x * 2**fraction_bits`` is exact (a power-of-two product; float64 has the range), the
+    IEEE roundToIntegral operations are exact, and the clamp makes the int64 cast safe.
+    """
+    if not (saturate or fmt.symmetric) or mode not in _INT_ROUND:
+        return encode_int(np, x, fmt, mode, saturate, rand, nbits)
+    with np.errstate(invalid="ignore"):
+        k = _INT_ROUND[mode](np.ldexp(x.astype(np.float64), fmt.fraction_bits))
+        k = np.clip(np.where(np.isnan(k), 0.0, k), fmt.min_int, fmt.max_int).astype(np.int64)
+    return (k & ((1 << fmt.bits) - 1)).astype(fmt.code_dtype)

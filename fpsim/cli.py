@@ -12,14 +12,31 @@ import json
 import sys
 from typing import Any
 
+from .blockformat import RECIPES, BlockFormat
 from .formats import FORMATS, AnyFormat, Format
 
 __all__ = ["main", "format_rows"]
 
 
 def format_rows() -> list[dict[str, Any]]:
-    """One dict per registered format: the fields of ``fpsim formats --json``."""
-    return [_row(f) for f in FORMATS.values()]
+    """One dict per registered format and block recipe: the rows of ``fpsim formats --json``."""
+    return [_row(f) for f in FORMATS.values()] + [_recipe_row(r) for r in RECIPES.values()]
+
+
+def _recipe_row(r: BlockFormat) -> dict[str, Any]:
+    return {
+        "name": r.name,
+        "kind": "block",
+        "element": r.element.name,
+        "block": None if r.block is None else list(r.block),
+        "flatten": r.flatten,
+        "rule": r.rule.value,
+        "scale_format": r.scale_format.name,
+        "pow2": r.pow2,
+        "eps": r.eps,
+        "bits_per_element": r.bits_per_element,
+        "bytes_per_element": r.bytes_per_element,
+    }
 
 
 def _row(f: AnyFormat) -> dict[str, Any]:
@@ -84,9 +101,38 @@ def _cell(key: str, value: Any, bits: int) -> str:
     return str(value)
 
 
+_BLOCK_COLUMNS = [
+    ("name", "recipe"),
+    ("element", "element"),
+    ("block", "block"),
+    ("rule", "scale rule"),
+    ("scale_format", "scale format"),
+    ("bits_per_element", "bits/element"),
+]
+
+
+def _block_cell(key: str, value: Any, row: dict[str, Any]) -> str:
+    if key == "block":
+        shape = "tensor" if value is None else "x".join("all" if b == -1 else str(b) for b in value)
+        return shape + (" (flat)" if row["flatten"] else "")
+    if key == "rule" and row["pow2"]:
+        return f"{value}, pow2"
+    return f"{value:g}" if isinstance(value, float) else str(value)
+
+
 def _print_table(rows: list[dict[str, Any]]) -> None:
-    cells = [[_cell(k, r.get(k), r["bits"]) for k, _ in _COLUMNS] for r in rows]
-    heads = [h for _, h in _COLUMNS]
+    _print_cells(
+        [[_cell(k, r.get(k), r["bits"]) for k, _ in _COLUMNS] for r in rows if r["kind"] != "block"],
+        [h for _, h in _COLUMNS],
+    )
+    print()
+    _print_cells(
+        [[_block_cell(k, r[k], r) for k, _ in _BLOCK_COLUMNS] for r in rows if r["kind"] == "block"],
+        [h for _, h in _BLOCK_COLUMNS],
+    )
+
+
+def _print_cells(cells: list[list[str]], heads: list[str]) -> None:
     widths = [max(len(h), *(len(c[i]) for c in cells)) for i, h in enumerate(heads)]
     print("  ".join(h.ljust(w) for h, w in zip(heads, widths)))
     for c in cells:

@@ -66,6 +66,8 @@ def encode(
             raise ValueError(f"stochastic_bits must be in [1, 32], got {stochastic_bits}")
         rand = _random_bits(xp, random_bits, rng, x.shape)
     if isinstance(fmt, IntFormat):
+        if xp is np:
+            return _bitcore.encode_int_numpy(x, fmt, mode, saturate, rand, stochastic_bits)
         return _bitcore.encode_int(xp, x, fmt, mode, saturate, rand, stochastic_bits)
     ftz = not (subnormals and fmt.subnormals)
     if xp is np:
@@ -85,13 +87,14 @@ def decode(codes: Any, fmt: str | AnyFormat) -> Any:
     codes = xp.asarray(codes)
     if not np.issubdtype(codes.dtype, np.integer):
         raise TypeError(f"decode: codes must be an integer array, got dtype {codes.dtype}")
-    if fmt.bits == 32:
-        return _bitcore.bitcast(xp, codes.astype(np.uint32), np.float32)
-    if xp is np and codes.size and (codes.min() < 0 or codes.max() >= (1 << fmt.bits)):
+    fits = codes.dtype.kind == "u" and codes.dtype.itemsize * 8 <= fmt.bits
+    if xp is np and not fits and codes.size and (codes.min() < 0 or codes.max() >= (1 << fmt.bits)):
         raise ValueError(
             f"decode: codes out of range for {fmt.name} ({fmt.bits} bits): "
             f"min {codes.min()}, max {codes.max()}"
         )
+    if fmt.bits == 32:
+        return _bitcore.bitcast(xp, codes.astype(np.uint32), np.float32)
     table = decode_table(fmt)
     if xp is np:
         return table[codes]

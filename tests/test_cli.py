@@ -15,9 +15,15 @@ from fpsim.cli import main
 def test_formats_table_lists_every_format(capsys):
     assert main(["formats"]) == 0
     out = capsys.readouterr().out
-    lines = out.strip().splitlines()
+    formats, recipes = out.strip().split("\n\n")
+    lines = formats.splitlines()
     assert lines[0].split()[0] == "format"
     assert [ln.split()[0] for ln in lines[1:]] == list(fpsim.FORMATS)
+    rec = recipes.splitlines()
+    assert rec[0].split()[0] == "recipe"
+    assert [ln.split()[0] for ln in rec[1:]] == list(fpsim.RECIPES)
+    mx = next(ln for ln in rec if ln.startswith("mxfp4_e2m1 "))
+    assert mx.split()[-1] == "4.25"  # 4 bits + an 8-bit scale per 32 elements
     e4m3 = next(ln for ln in lines if ln.startswith("float8_e4m3fn "))
     assert "448" in e4m3.split() and "0x7e" in e4m3.split()
 
@@ -25,8 +31,12 @@ def test_formats_table_lists_every_format(capsys):
 def test_formats_json_matches_the_formats(capsys):
     assert main(["formats", "--json"]) == 0
     rows = json.loads(capsys.readouterr().out)
-    assert [r["name"] for r in rows] == list(fpsim.FORMATS)
+    assert [r["name"] for r in rows] == [*fpsim.FORMATS, *fpsim.RECIPES]
     for r in rows:
+        if r["kind"] == "block":
+            recipe = fpsim.get_format(r["name"])
+            assert r["bits_per_element"] == recipe.bits_per_element and r["element"] == recipe.element.name
+            continue
         fmt = fpsim.get_format(r["name"])
         assert r["max"] == float(fmt.max) and r["bits"] == fmt.bits
         if r["kind"] == "float":
