@@ -112,7 +112,8 @@ def encode_float(xp, x, fmt: Format, mode: RoundMode, saturate: bool, ftz: bool,
     kept = _round(xp, sig, et - I(m_bits) - qs, neg, mode, rand, nbits, s)
     code = ((et - I(emin)).astype(U) << U(m_bits)) + kept
     if not fmt.has_zero:
-        code = xp.where(lg < I(emin), U(0), code - U(1 << m_bits))
+        one = U(1 << m_bits)  # field 0 is the normal 2**emin: drop the implicit bit
+        code = xp.where(lg < I(emin), U(0), xp.maximum(code, one) - one)
     elif ftz and m_bits > 0:
         code = xp.where(code < U(1 << m_bits), U(0), code)
 

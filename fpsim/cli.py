@@ -14,6 +14,7 @@ from typing import Any
 
 from .blockformat import RECIPES, BlockFormat
 from .formats import FORMATS, AnyFormat, Format
+from .rounding import RoundMode
 
 __all__ = ["main", "format_rows"]
 
@@ -163,6 +164,28 @@ def _cmd_exhaustive(args: argparse.Namespace) -> int:
     return 1 if res.mismatches else 0
 
 
+def _cmd_analyze(args: argparse.Namespace) -> int:
+    from .analyze import DEFAULT_FORMATS, analyze
+    from .report import summary_text, write_report
+
+    formats = [*(args.format or []), *(args.recipe or [])] or list(DEFAULT_FORMATS)
+    result = analyze(
+        args.trace,
+        formats,
+        roundings=args.rounding or ["nearest_even"],
+        roles=args.role or ["grad"],
+        swamping=not args.no_swamping,
+        progress=not args.quiet,
+    )
+    paths = write_report(result, args.out)
+    if args.json:
+        print(json.dumps(result.summary(), indent=2))
+    else:
+        print(summary_text(result))
+        print(f"\nwrote {', '.join(str(p) for p in paths.values())}")
+    return 0
+
+
 def _int(text: str) -> int:
     return int(text, 0)
 
@@ -177,6 +200,47 @@ def build_parser() -> argparse.ArgumentParser:
     f.add_argument("--json", action="store_true", help="print the same as JSON")
     f.set_defaults(run=_cmd_formats)
 
+    a = sub.add_parser("analyze", help="underflow, overflow, swamping and error of a trace under each format")
+    a.add_argument(
+        "trace",
+        nargs="?",
+        default=None,
+        help="trace folder, folder of per-step .safetensors/.pt/.npz, or one such file "
+        "(default: the bundled sample trace)",
+    )
+    a.add_argument(
+        "--format",
+        action="append",
+        choices=list(FORMATS),
+        metavar="F",
+        help="element format (repeatable): " + ", ".join(FORMATS),
+    )
+    a.add_argument(
+        "--recipe",
+        action="append",
+        choices=list(RECIPES),
+        metavar="R",
+        help="block recipe (repeatable): " + ", ".join(RECIPES),
+    )
+    a.add_argument(
+        "--rounding",
+        action="append",
+        choices=[m.value for m in RoundMode],
+        metavar="M",
+        help="rounding mode (repeatable): " + ", ".join(m.value for m in RoundMode),
+    )
+    a.add_argument(
+        "--role",
+        action="append",
+        metavar="ROLE",
+        help="tensor role to analyse (repeatable; default grad): grad, param, state.exp_avg, ...",
+    )
+    a.add_argument("--out", default="fpsim-report", help="output folder (default: fpsim-report)")
+    a.add_argument("--json", action="store_true", help="print the JSON summary instead of the table")
+    a.add_argument("--no-swamping", action="store_true", help="skip the swamping estimate")
+    a.add_argument("--quiet", action="store_true", help="no progress bar")
+    a.set_defaults(run=_cmd_analyze)
+
     names = [n for n, f in FORMATS.items() if isinstance(f, Format)]
     e = sub.add_parser("exhaustive", help="compare all 2**32 float32 inputs with ml_dtypes (opt-in, ~1 min)")
     e.add_argument("format", choices=names, metavar="FORMAT", help="one of: " + ", ".join(names))
@@ -190,7 +254,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    return args.run(args)
+    try:
+        return args.run(args)
+    except (ValueError, TypeError, OSError) as err:  # bad input: say what and where, exit 2
+        print(f"fpsim {args.command}: error: {err}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":  # pragma: no cover

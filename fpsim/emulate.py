@@ -38,7 +38,8 @@ def encode(
         x: numpy array (float16/32/64, bfloat16 or another ml_dtypes float, integers),
             Python number or sequence, or a JAX array (also inside ``jax.jit``). float64
             inputs are rounded once, directly (ml_dtypes goes through float32 first and can
-            round twice).
+            round twice). Integers go through float64 (exact up to 2**53; int64 beyond is
+            rounded there first); JAX integers wider than 16 bits need jax x64.
         fmt: a :class:`~fpsim.Format`, :class:`~fpsim.IntFormat` or a registry name.
         rounding: a :class:`~fpsim.RoundMode` or its name.
         saturate: clamp every out-of-range value, +-inf included, to +-max (NVIDIA
@@ -80,7 +81,8 @@ def decode(codes: Any, fmt: str | AnyFormat) -> Any:
 
     Codes of formats up to 16 bits go through a table built once per format; float32 codes
     are reinterpreted. NaN codes give NaN, in formats without subnormals the subnormal codes
-    give zero.
+    give zero. numpy codes are range-checked (ValueError); JAX codes cannot be checked inside
+    ``jit``, and out-of-range ones give unspecified values.
     """
     fmt = _element(fmt)
     xp = _namespace(codes)
@@ -163,9 +165,19 @@ def _as_float_array(x: Any) -> tuple[Any, Any]:
     if dt in (np.float32, np.float64):
         return xp, x
     if dt.kind in "iub" or dt == np.float16 or _is_ml_float(dt):
-        wide = dt.kind in "iu" and dt.itemsize > 2 and (xp is np or dt.itemsize == 8)
+        wide = dt.kind in "iu" and dt.itemsize > 2
+        if wide and xp is not np and not _jax_x64():
+            raise TypeError(
+                f"encode: a JAX {dt} array is not exact in float32; enable jax x64 or pass floats"
+            )
         return xp, x.astype(np.float64 if wide else np.float32)
     raise TypeError(f"encode: cannot encode arrays of dtype {dt}; give floats or integers")
+
+
+def _jax_x64() -> bool:
+    import jax
+
+    return bool(jax.config.read("jax_enable_x64"))
 
 
 def _is_ml_float(dt: np.dtype) -> bool:

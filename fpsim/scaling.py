@@ -58,8 +58,12 @@ def encode_blocks(
     random_bits: Any = None,
     rng: np.random.Generator | int | None = None,
     stochastic_bits: int = 32,
+    tensor_amax: float | None = None,
 ) -> BlockCodes:
     """Scale ``x`` block by block and cast the elements (saturating), see the module doc.
+
+    ``tensor_amax``: for per-tensor recipes (``block=None``) and NVFP4, the amax of the
+    whole tensor when ``x`` is one chunk of it (fpsim.metrics streams tensors this way).
 
     Inputs are converted to float32 first (exact for float16/bfloat16; float64 is rounded
     to nearest), as the systems emulated here take float32 or narrower tensors. Rounding
@@ -83,10 +87,12 @@ def encode_blocks(
             amax = np.fmax.reduce(ax, axis=axes, keepdims=True, initial=0, dtype=_F32)
         else:  # torch.amax propagates NaN
             amax = np.max(ax, axis=axes, keepdims=True, initial=0)
+        if tensor_amax is not None and bf.block is None:
+            amax = np.full_like(amax, tensor_amax)
         if isinstance(bf.element, Codebook):
             codes, scales, tensor = _codebook(xb, amax, bf.element, mode, rand, stochastic_bits)
         else:
-            v, scales, tensor = _prescale(xb, amax, bf)
+            v, scales, tensor = _prescale(xb, amax, bf, tensor_amax)
             codes = emulate.encode(
                 v, bf.element, rounding=mode, saturate=True, random_bits=rand, stochastic_bits=stochastic_bits
             )
@@ -124,7 +130,7 @@ def decode_blocks(encoded: BlockCodes, fmt: str | BlockFormat) -> np.ndarray:
 # --- scale rules -----------------------------------------------------------------------
 
 
-def _prescale(xb: np.ndarray, amax: np.ndarray, bf: BlockFormat):
+def _prescale(xb: np.ndarray, amax: np.ndarray, bf: BlockFormat, tensor_amax: float | None):
     """Element inputs (before the cast), scale codes and tensor scale for non-codebook rules."""
     rule, elem_max = bf.rule, _F32(bf.elem_max)
     if rule is ScaleRule.TE:
@@ -139,7 +145,7 @@ def _prescale(xb: np.ndarray, amax: np.ndarray, bf: BlockFormat):
         s = (np.maximum(amax, _F32(bf.eps)) / elem_max).astype(_F32)
         return xb / np.where(s == 0, _F32(1), s), s.view(np.uint32), None
     if rule is ScaleRule.NVFP4:
-        return _nvfp4(xb, amax, bf)
+        return _nvfp4(xb, amax, bf, tensor_amax)
     e = _mx_exponent(amax, bf)
     nan = ~np.isfinite(amax) | (e > 127)
     e = np.maximum(e, -127)
@@ -167,9 +173,12 @@ def _mx_exponent(amax: np.ndarray, bf: BlockFormat) -> np.ndarray:
     return e
 
 
-def _nvfp4(xb: np.ndarray, amax: np.ndarray, bf: BlockFormat):
+def _nvfp4(xb: np.ndarray, amax: np.ndarray, bf: BlockFormat, tensor_amax: float | None):
     """Transformer Engine NVFP4 (core_nvfp4.cuh): FP32 tensor scale, E4M3 block scales."""
-    amax_t = np.fmax.reduce(amax, axis=None, initial=0, dtype=_F32)
+    if tensor_amax is None:
+        amax_t = np.fmax.reduce(amax, axis=None, initial=0, dtype=_F32)
+    else:
+        amax_t = _F32(tensor_amax)
     s_enc = np.fmin(_F32(2688) / amax_t, _FLT_MAX)  # 448 * 6
     s_enc = _F32(1) if (amax_t == 0 or s_enc == 0) else _F32(s_enc)
     s_dec = _F32(1) / s_enc

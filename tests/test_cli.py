@@ -69,5 +69,5 @@ def test_exhaustive_rejects_bad_arguments(capsys):
     with pytest.raises(SystemExit):
         main(["exhaustive", "int8"])
     assert "invalid choice" in capsys.readouterr().err
-    with pytest.raises(ValueError, match="start < stop"):
-        main(["exhaustive", "float16", "--start", "5", "--stop", "5", "--quiet"])
+    assert main(["exhaustive", "float16", "--start", "5", "--stop", "5", "--quiet"]) == 2
+    assert "start < stop" in capsys.readouterr().err

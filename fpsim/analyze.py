@@ -1,0 +1,227 @@
+"""Analyse a gradient trace: every tensor of every step under every format and recipe.
+
+:func:`analyze` streams a trace (tensor by tensor, chunk by chunk, memory-mapped) through
+:mod:`fpsim.metrics` and returns an :class:`Analysis` holding the mergeable partials, from
+which :meth:`Analysis.table` builds the tidy pandas table (one row per step x tensor x
+format x rounding x metric) and :meth:`Analysis.summary` the totals per format.
+"""
+
+from __future__ import annotations
+
+import math
+import zlib
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from functools import reduce
+from operator import add
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from .blockformat import BlockFormat
+from .formats import Format, IntFormat, get_format
+from .metrics import Partial, SwampPartial, measure, measure_swamping
+from .rounding import RoundMode
+
+__all__ = ["Analysis", "analyze", "DEFAULT_FORMATS"]
+
+DEFAULT_FORMATS = (
+    "float16",
+    "bfloat16",
+    "float8_e4m3fn",
+    "float8_e5m2",
+    "e4m3_tensor",
+    "mxfp8_e4m3",
+    "nvfp4",
+    "int8_block256",
+)
+"""What ``fpsim analyze`` measures when given no ``--format``/``--recipe``."""
+
+Key = tuple[int, str, str, str, str]  # step, role, tensor, format, rounding
+
+
+@dataclass
+class Analysis:
+    """Partial metrics of a trace, keyed by (step, role, tensor, format, rounding)."""
+
+    trace: str
+    formats: list[str]
+    roundings: list[str]
+    results: dict[Key, Partial] = field(default_factory=dict)
+    swamping: dict[Key, SwampPartial] = field(default_factory=dict)
+    hist: dict[tuple[int, str, str], np.ndarray] = field(default_factory=dict)
+    shapes: dict[tuple[int, str, str], tuple[int, ...]] = field(default_factory=dict)
+
+    def merge(self, other: Analysis) -> Analysis:
+        """Combine two analyses of disjoint (or identical-key, to be summed) parts."""
+        out = Analysis(self.trace, self.formats, self.roundings)
+        for name in ("results", "swamping", "hist"):
+            mine, theirs = getattr(self, name), getattr(other, name)
+            merged = dict(mine)
+            for k, v in theirs.items():
+                merged[k] = merged[k] + v if k in merged else v
+            setattr(out, name, merged)
+        out.shapes = {**self.shapes, **other.shapes}
+        return out
+
+    def table(self):
+        """Tidy DataFrame: step, role, tensor, format, rounding, metric, value."""
+        import pandas as pd
+
+        rows = []
+        for (step, role, tensor, fmt, rnd), p in sorted(self.results.items()):
+            for metric, value in p.totals().items():
+                rows.append((step, role, tensor, fmt, rnd, metric, value))
+        for (step, role, tensor, fmt, rnd), sp in sorted(self.swamping.items()):
+            for metric, value in sp.totals().items():
+                rows.append((step, role, tensor, fmt, rnd, f"swamping_{metric}", value))
+        cols = ["step", "role", "tensor", "format", "rounding", "metric", "value"]
+        return pd.DataFrame(rows, columns=cols)
+
+    def totals(self) -> dict[tuple[str, str], Partial]:
+        """Partials summed over the whole trace, per (format, rounding)."""
+        out: dict[tuple[str, str], Partial] = {}
+        for (_, _, _, fmt, rnd), p in self.results.items():
+            out[fmt, rnd] = out[fmt, rnd] + p if (fmt, rnd) in out else p
+        return out
+
+    def swamping_totals(self) -> dict[tuple[str, str], SwampPartial]:
+        out: dict[tuple[str, str], SwampPartial] = {}
+        for (_, _, _, fmt, rnd), p in self.swamping.items():
+            out[fmt, rnd] = out[fmt, rnd] + p if (fmt, rnd) in out else p
+        return out
+
+    def summary(self) -> dict[str, Any]:
+        """JSON-ready summary: one entry per format/recipe and rounding under ``results``."""
+        totals, swamp = self.totals(), self.swamping_totals()
+        results = []
+        for fmt in self.formats:
+            for rnd in self.roundings:
+                if (fmt, rnd) not in totals:
+                    continue
+                entry = {"format": fmt, "rounding": rnd, **_clean(totals[fmt, rnd].totals())}
+                for srnd in sorted({r for f, r in swamp if f == fmt}):
+                    s = swamp[fmt, srnd].totals()
+                    entry[f"swamping_{srnd}"] = _clean(s)
+                results.append(entry)
+        steps = sorted({k[0] for k in self.results})
+        tensors = sorted({(k[1], k[2]) for k in self.results})
+        return {"trace": self.trace, "steps": len(steps), "tensors": len(tensors), "results": results}
+
+
+def _clean(d: dict[str, Any]) -> dict[str, Any]:
+    """JSON has no inf/NaN: write them as strings."""
+    return {k: (str(v) if isinstance(v, float) and not math.isfinite(v) else v) for k, v in d.items()}
+
+
+def analyze(
+    trace: Any = None,
+    formats: Sequence[str | Format | IntFormat | BlockFormat] = DEFAULT_FORMATS,
+    *,
+    roundings: Sequence[RoundMode | str] = (RoundMode.NEAREST_EVEN,),
+    roles: Iterable[str] = ("grad",),
+    steps: Iterable[int] | None = None,
+    swamping: bool = True,
+    seed: int = 0,
+    progress: bool = True,
+) -> Analysis:
+    """Measure every tensor of ``trace`` under every format and rounding mode.
+
+    Args:
+        trace: a trace folder, a folder of per-step dump files, a single dump file, a
+            :class:`fpsim.trace.Trace`, or None for the bundled sample trace.
+        formats: element formats and block recipes (objects or names).
+        roundings: rounding modes to measure (stochastic uses counter-based random bits
+            seeded per step and tensor, so results are reproducible).
+        roles: tensor roles to measure ("grad", "param", "state.exp_avg", ...).
+        steps: only these steps (default: all).
+        swamping: where the trace has the parameter and the learning rate of a step,
+            also measure swamping of the update ``-lr * grad`` (an SGD-style estimate) with
+            the parameters stored in each element format, for nearest-even and stochastic
+            rounding.
+        seed: base seed of stochastic rounding.
+        progress: show a progress bar (tqdm.auto: terminal or notebook).
+
+    Raises:
+        fpsim.trace.TraceError: for missing, truncated or inconsistent trace files.
+        TypeError: for a non-float tensor, naming its file and key.
+    """
+    from tqdm.auto import tqdm
+
+    from .trace import Trace, open_trace, sample_trace_path
+
+    tr = trace if isinstance(trace, Trace) else open_trace(sample_trace_path() if trace is None else trace)
+    fmts = [get_format(f) for f in formats]
+    if not fmts:
+        raise ValueError("analyze: give at least one format or recipe")
+    modes = [RoundMode.parse(r) for r in roundings]
+    roles = tuple(roles)
+    wanted = None if steps is None else set(steps)
+    entries = [e for e in tr.entries() if e.role in roles and (wanted is None or e.step in wanted)]
+    if not entries:
+        raise ValueError(f"{tr.path}: no tensors with roles {list(roles)} in the selected steps")
+    for e in entries:
+        if not _is_float(e.dtype):
+            raise TypeError(
+                f"{e.file}: tensor {e.key!r} has dtype {e.dtype}, not a float type; "
+                f"fpsim analyses float tensors only"
+            )
+    out = Analysis(str(tr.path), [f.name for f in fmts], [m.value for m in modes])
+    bar = tqdm(
+        total=sum(e.size for e in entries) * len(fmts) * len(modes),
+        unit="el",
+        unit_scale=True,
+        disable=not progress,
+        desc="analyze",
+    )
+    for e in entries:
+        x = tr.read(e)
+        key = (e.step, e.role, e.name)
+        out.shapes[key] = tuple(e.shape)
+        tensor_seed = seed ^ zlib.crc32(f"{e.step}:{e.role}:{e.name}".encode())
+        first = True
+        for f in fmts:
+            for m in modes:
+                p = measure(x, f, m, seed=tensor_seed, with_hist=first, progress=bar.update)
+                if first:
+                    out.hist[key] = p.hist
+                    first = False
+                out.results[(*key, f.name, m.value)] = p
+        if swamping and e.role == "grad":
+            _swamping(tr, e, x, fmts, tensor_seed, out)
+    bar.close()
+    return out
+
+
+def _swamping(tr: Any, e: Any, grad: np.ndarray, fmts: list, seed: int, out: Analysis) -> None:
+    lr = tr.lr(e.step)
+    params = [p for p in tr.entries(step=e.step, role="param") if p.name == e.name]
+    if lr is None or not params:
+        return
+    theta = tr.read(params[0])
+    if tuple(theta.shape) != tuple(grad.shape):
+        raise ValueError(
+            f"{params[0].file}: param {e.name!r} has shape {tuple(theta.shape)}, "
+            f"its gradient {tuple(grad.shape)}"
+        )
+    delta = (np.float32(-lr) * np.asarray(grad, np.float32)).astype(np.float32)
+    for f in fmts:
+        if isinstance(f, Format):
+            for m in (RoundMode.NEAREST_EVEN, RoundMode.STOCHASTIC):
+                out.swamping[(e.step, "param", e.name, f.name, m.value)] = measure_swamping(
+                    theta, delta, f, m, seed=seed
+                )
+
+
+def _is_float(dtype: str) -> bool:
+    return dtype.startswith(("float", "bfloat"))
+
+
+def total(partials: Iterable[Partial]) -> Partial:
+    """Sum of partials (empty -> an empty Partial)."""
+    return reduce(add, partials, Partial())
+
+
+def default_out_dir() -> Path:
+    return Path("fpsim-report")

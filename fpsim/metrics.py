@@ -1,0 +1,416 @@
+"""What a format does to a tensor, as mergeable partial results.
+
+:func:`measure` rounds a tensor to a format or block recipe and returns a :class:`Partial`:
+counts (elements, nonzero, underflow, subnormal, overflow, saturated, NaN/inf already in the
+input), sums of squared error and signal, extrema and a log2-magnitude histogram.
+:func:`measure_swamping` returns a :class:`SwampPartial` for a parameter update. Partials
+merge with ``+`` (DESIGN.md: computed in chunks, streamed, reduced across workers).
+
+Reproducibility: a tensor is always cut into the same *canonical chunks* (a function of its
+shape and the recipe only, see :func:`chunk_slices`). Inside a chunk float sums are numpy's
+pairwise float64 sums; across chunks they are added exactly (as rationals). So streaming,
+processing whole, and any merge order across processes give bit-identical results; counts
+are exact integers.
+
+Definitions (per element, ``x`` the input, ``q`` the value the format stores):
+    nonzero: ``x`` finite and != 0. underflow: nonzero and ``q == 0``.
+    subnormal: nonzero, ``q != 0`` and the element lands below the element format's
+        smallest normal (in the scaled domain for block formats; 0 for integer/codebook
+        elements). overflow: ``x`` finite and ``q`` inf or NaN.
+    saturated: ``x`` finite, the element code is +-max and ``|x| > |q|`` (clamped).
+    sum_sq_err: sum of ``(q - x)**2`` over finite ``x`` with finite ``q`` (float64 terms).
+    sum_sq_signal: sum of ``x**2`` over finite ``x``. underflow_energy: over underflow.
+    hist: counts of float32 exponent fields of nonzero finite ``x`` (bin e: 2**(e-127) <=
+        |x| < 2**(e-126); bin 0 holds float32 subnormals).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator
+from dataclasses import dataclass, field, fields
+from fractions import Fraction
+from typing import Any
+
+import numpy as np
+
+from . import emulate
+from .blockformat import BlockFormat, Codebook, ScaleRule
+from .formats import Format, IntFormat, get_format
+from .rounding import RoundMode
+from .scaling import decode_blocks, encode_blocks
+
+__all__ = [
+    "Partial",
+    "SwampPartial",
+    "measure",
+    "measure_chunk",
+    "measure_swamping",
+    "chunk_slices",
+    "random_bits_at",
+    "CHUNK",
+]
+
+CHUNK = 1 << 20
+"""Elements per canonical chunk (rows are kept whole for row- and tile-blocked recipes)."""
+
+
+def _zero() -> Fraction:
+    return Fraction(0)
+
+
+@dataclass
+class Partial:
+    """Mergeable partial metrics of one tensor (or part of one) under one format."""
+
+    elements: int = 0
+    nonzero: int = 0
+    nan_in: int = 0
+    inf_in: int = 0
+    underflow: int = 0
+    subnormal: int = 0
+    overflow: int = 0
+    saturated: int = 0
+    sum_sq_err: Fraction = field(default_factory=_zero)
+    sum_sq_signal: Fraction = field(default_factory=_zero)
+    underflow_energy: Fraction = field(default_factory=_zero)
+    max_abs_err: float = 0.0
+    max_rel_err: float = 0.0
+    max_abs_in: float = 0.0
+    hist: np.ndarray = field(default_factory=lambda: np.zeros(256, np.int64))
+
+    def __add__(self, other: Partial) -> Partial:
+        out = Partial()
+        for f in fields(self):
+            a, b = getattr(self, f.name), getattr(other, f.name)
+            setattr(out, f.name, max(a, b) if f.name.startswith("max_") else a + b)
+        return out
+
+    @property
+    def sqnr_db(self) -> float:
+        """Signal-to-quantization-noise ratio in dB (inf when there is no error)."""
+        if self.sum_sq_err == 0:
+            return math.inf
+        if self.sum_sq_signal == 0:
+            return -math.inf
+        return 10 * math.log10(self.sum_sq_signal / self.sum_sq_err)
+
+    @property
+    def rel_l2_error(self) -> float:
+        """``||q - x|| / ||x||`` over the finite elements (0 for an all-zero tensor)."""
+        return math.sqrt(self.sum_sq_err / self.sum_sq_signal) if self.sum_sq_signal else 0.0
+
+    @property
+    def underflow_energy_share(self) -> float:
+        """Share of the squared norm carried by the elements that underflowed."""
+        return float(self.underflow_energy / self.sum_sq_signal) if self.sum_sq_signal else 0.0
+
+    def totals(self) -> dict[str, Any]:
+        """Counts, sums (as floats) and the derived metrics, without the histogram."""
+        out: dict[str, Any] = {}
+        for f in fields(self):
+            if f.name != "hist":
+                v = getattr(self, f.name)
+                out[f.name] = float(v) if isinstance(v, Fraction) else v
+        out.update(
+            sqnr_db=self.sqnr_db,
+            rel_l2_error=self.rel_l2_error,
+            underflow_energy_share=self.underflow_energy_share,
+        )
+        return out
+
+
+@dataclass
+class SwampPartial:
+    """Mergeable swamping counts: how much of an update survives ``fl(theta + delta)``."""
+
+    updates: int = 0
+    lost: int = 0
+    sum_abs_intended: Fraction = field(default_factory=_zero)
+    sum_abs_realised: Fraction = field(default_factory=_zero)
+
+    def __add__(self, other: SwampPartial) -> SwampPartial:
+        return SwampPartial(*(getattr(self, f.name) + getattr(other, f.name) for f in fields(self)))
+
+    @property
+    def swamped_share(self) -> float:
+        """Share of nonzero updates fully lost (``fl(theta + delta) == theta``)."""
+        return self.lost / self.updates if self.updates else 0.0
+
+    @property
+    def update_ratio(self) -> float:
+        """``sum |realised update| / sum |intended update|`` (1 when nothing is lost)."""
+        return float(self.sum_abs_realised / self.sum_abs_intended) if self.sum_abs_intended else 1.0
+
+    def totals(self) -> dict[str, Any]:
+        return {
+            "updates": self.updates,
+            "lost": self.lost,
+            "swamped_share": self.swamped_share,
+            "update_ratio": self.update_ratio,
+        }
+
+
+# --- canonical chunks ------------------------------------------------------------------
+
+
+def chunk_slices(shape: tuple[int, ...], fmt: Any) -> list[tuple[int, int]]:
+    """Canonical chunks of a tensor as ``(start, stop)`` ranges of its flat (C-order) index.
+
+    Element formats and flattened block recipes cut the flat tensor every :data:`CHUNK`
+    elements. Recipes with blocks over trailing axes cut between whole rows (whole
+    128-row tile bands, whole leading slices for 2-D tiles of a >2-D tensor) so that no
+    block is split. Per-tensor recipes and NVFP4 take the tensor amax as an input, so they
+    are cut like the others.
+    """
+    fmt = get_format(fmt)
+    n = math.prod(shape)
+    if n == 0:
+        return []
+    unit = 1  # elements that must stay together
+    if isinstance(fmt, BlockFormat) and not fmt.flatten and fmt.block is not None:
+        k = len(fmt.block)
+        if len(shape) < k:
+            raise ValueError(f"{fmt.name}: blocks {fmt.block} span the last {k} axes; got shape {shape}")
+        if k == 1:
+            unit = shape[-1]  # whole rows
+        elif len(shape) == 2 and fmt.block[0] != -1:
+            unit = shape[-1] * fmt.block[0]  # whole bands of tiles
+        else:
+            unit = math.prod(shape[1:]) if len(shape) > k else n  # whole leading slices
+    step = max(unit, CHUNK // unit * unit) if unit else n
+    return [(i, min(i + step, n)) for i in range(0, n, step)]
+
+
+def _chunk_view(flat: np.ndarray, shape: tuple[int, ...], start: int, stop: int, fmt: Any) -> np.ndarray:
+    """The chunk with the shape the recipe blocks (rows kept as rows)."""
+    part = flat[start:stop]
+    if isinstance(fmt, BlockFormat) and not fmt.flatten and fmt.block is not None and len(shape) > 1:
+        return part.reshape((-1, *shape[1:]))
+    return part
+
+
+# --- random bits ------------------------------------------------------------------------
+
+
+def random_bits_at(seed: int, start: int, n: int) -> np.ndarray:
+    """uint32 words for flat positions ``start .. start+n`` (SplitMix64 of seed and index).
+
+    Counter-based, so a chunk draws the same bits wherever it is processed.
+    """
+    z = np.arange(start, start + n, dtype=np.uint64) + np.uint64((seed * 0x9E3779B97F4A7C15) % (1 << 64))
+    z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+    z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+    return (z ^ (z >> np.uint64(31))).astype(np.uint32)
+
+
+# --- measuring ---------------------------------------------------------------------------
+
+
+def measure(
+    x: Any,
+    fmt: Any,
+    rounding: RoundMode | str = RoundMode.NEAREST_EVEN,
+    *,
+    seed: int = 0,
+    saturate: bool = False,
+    with_hist: bool = False,
+    progress: Any = None,
+) -> Partial:
+    """Partial metrics of the whole tensor ``x`` (numpy or memory-mapped) under ``fmt``.
+
+    Works through the canonical chunks, so memory stays bounded for memory-mapped input.
+    The log2 histogram (format-independent) is filled only when ``with_hist`` is set.
+    ``seed`` feeds stochastic rounding (see :func:`random_bits_at`); ``saturate`` applies
+    to element formats (block recipes define their own saturation).
+    """
+    fmt = get_format(fmt)
+    x = np.asarray(x) if not isinstance(x, np.ndarray) else x
+    shape = x.shape
+    flat = x.reshape(-1)
+    amax = tensor_amax(flat) if _needs_tensor_amax(fmt) else None
+    total = Partial()
+    for start, stop in chunk_slices(shape, fmt):
+        part = _chunk_view(flat, shape, start, stop, fmt)
+        total = total + measure_chunk(
+            part, fmt, rounding, offset=start, seed=seed, saturate=saturate, tensor_amax=amax
+        )
+        if progress is not None:
+            progress(stop - start)
+    return total
+
+
+def _needs_tensor_amax(fmt: Any) -> bool:
+    return isinstance(fmt, BlockFormat) and (fmt.block is None or fmt.rule is ScaleRule.NVFP4)
+
+
+def tensor_amax(flat: np.ndarray) -> float:
+    """Largest finite-or-infinite magnitude, NaN ignored (fmaxf), chunk by chunk."""
+    m = np.float32(0)
+    for i in range(0, flat.size, CHUNK):
+        c = np.abs(np.asarray(flat[i : i + CHUNK], np.float32))
+        m = np.fmax(m, np.fmax.reduce(c, initial=0))
+    return float(m)
+
+
+def measure_chunk(
+    x: np.ndarray,
+    fmt: Any,
+    rounding: RoundMode | str = RoundMode.NEAREST_EVEN,
+    *,
+    offset: int = 0,
+    seed: int = 0,
+    saturate: bool = False,
+    tensor_amax: float | None = None,
+    with_hist: bool = False,
+) -> Partial:
+    """Partial metrics of one canonical chunk that starts at flat index ``offset``."""
+    fmt, mode = get_format(fmt), RoundMode.parse(rounding)
+    x = np.asarray(x)
+    if x.dtype.kind != "f" and not _is_ml_float(x.dtype):
+        raise TypeError(f"cannot measure a tensor of dtype {x.dtype}: not a float type")
+    xf = x.astype(np.float64 if x.dtype == np.float64 else np.float32, copy=False)
+    kw: dict[str, Any] = {"rounding": mode}
+    if mode is RoundMode.STOCHASTIC:
+        kw["random_bits"] = random_bits_at(seed, offset, xf.size).reshape(xf.shape)
+    if isinstance(fmt, BlockFormat):
+        enc = encode_blocks(xf, fmt, tensor_amax=tensor_amax, **kw)
+        q = decode_blocks(enc, fmt)
+        codes, el = enc.codes, fmt.element
+    else:
+        codes = emulate.encode(xf, fmt, saturate=saturate, **kw)
+        q, el = emulate.decode(codes, fmt), fmt
+    return _tally(xf.reshape(-1), q.reshape(-1), np.asarray(codes).reshape(-1), el, with_hist)
+
+
+_SUB = 1 << 16  # elements per sub-block: temporaries stay in cache
+
+
+def _tally(x: np.ndarray, q: np.ndarray, codes: np.ndarray, el: Any, with_hist: bool) -> Partial:
+    """Counts and sums of one chunk, worked through in cache-sized sub-blocks.
+
+    Float sums: float64 pairwise sums per sub-block, added in order, then kept exactly.
+    """
+    p = Partial(elements=x.size)
+    at_max_all, sub_all = _element_flags(codes, el)
+    counts = np.zeros(7, np.int64)  # nan, finite, nonzero, overflow, underflow, subnormal, saturated
+    s_err = s_sig = s_under = 0.0
+    m_err = m_rel = m_in = 0.0
+    hist = np.zeros(256, np.int64)
+    with np.errstate(invalid="ignore", over="ignore", divide="ignore"):
+        for i in range(0, x.size, _SUB):
+            xs, qs = x[i : i + _SUB], q[i : i + _SUB]
+            ax = np.abs(xs)
+            finite = ax <= np.inf if xs.dtype == np.float64 else ax <= np.float32(np.inf)
+            nz = finite & (xs != 0)
+            qfin = np.isfinite(qs)
+            ok = finite & qfin
+            zq = qs == 0
+            under = nz & zq
+            counts[0] += np.count_nonzero(xs != xs)
+            counts[1] += np.count_nonzero(finite)
+            counts[2] += np.count_nonzero(nz)
+            counts[3] += np.count_nonzero(finite & ~qfin)
+            nu = np.count_nonzero(under)
+            counts[4] += nu
+            if sub_all is not None:
+                counts[5] += np.count_nonzero(nz & ~zq & sub_all[i : i + _SUB])
+            aq = np.abs(qs)
+            counts[6] += np.count_nonzero(finite & at_max_all[i : i + _SUB] & (ax > aq))
+            x64 = np.where(finite, xs, 0).astype(np.float64)
+            err = qs - x64  # exact: the difference of two float32 values fits float64 here
+            if not ok.all():
+                err = np.where(ok, err, 0.0)
+            s_err += float(np.sum(err * err))
+            s_sig += float(np.sum(x64 * x64))
+            if nu:
+                u = x64[under]
+                s_under += float(np.sum(u * u))
+            aerr = np.abs(err)
+            m_err = max(m_err, float(aerr.max(initial=0)))
+            m_in = max(m_in, float(np.abs(x64).max(initial=0)))
+            if nz.any():
+                rel = np.divide(aerr, np.abs(x64), out=np.zeros_like(aerr), where=nz)
+                m_rel = max(m_rel, float(rel.max()))
+            if with_hist:
+                expo = (np.asarray(xs, np.float32).view(np.uint32) >> np.uint32(23)) & np.uint32(0xFF)
+                hist += np.bincount(expo[nz], minlength=256)
+    p.nan_in = int(counts[0])
+    p.inf_in = x.size - p.nan_in - int(counts[1])
+    p.nonzero, p.overflow, p.underflow, p.subnormal, p.saturated = (int(c) for c in counts[2:])
+    p.sum_sq_err, p.sum_sq_signal, p.underflow_energy = Fraction(s_err), Fraction(s_sig), Fraction(s_under)
+    p.max_abs_err, p.max_rel_err, p.max_abs_in = m_err, m_rel, m_in
+    p.hist = hist
+    return p
+
+
+def _element_flags(codes: np.ndarray, el: Any) -> tuple[np.ndarray, np.ndarray | None]:
+    """(element code is +-max, element is subnormal) per element; None where meaningless."""
+    if isinstance(el, Codebook):
+        return (codes == 0) | (codes == len(el.values) - 1), None
+    if isinstance(el, IntFormat):
+        k = codes.astype(np.int64)
+        if el.signed:
+            k = np.where(k >= 1 << (el.bits - 1), k - (1 << el.bits), k)
+        return (k == el.max_int) | (k == el.min_int), None
+    mag = codes & ((1 << (el.exponent_bits + el.mantissa_bits)) - 1)
+    at_max = mag == el.code_of_max
+    if not (el.subnormals and el.has_zero and el.mantissa_bits):
+        return at_max, None
+    return at_max, (mag >> el.mantissa_bits) == 0
+
+
+def _is_ml_float(dt: np.dtype) -> bool:
+    return emulate._is_ml_float(dt)
+
+
+# --- swamping ---------------------------------------------------------------------------
+
+
+def measure_swamping(
+    theta: Any,
+    delta: Any,
+    fmt: Any,
+    rounding: RoundMode | str = RoundMode.NEAREST_EVEN,
+    *,
+    seed: int = 0,
+) -> SwampPartial:
+    """How much of the update ``delta`` survives when added to ``theta`` stored in ``fmt``.
+
+    ``theta`` is first stored in ``fmt`` (nearest-even); the sum is formed exactly (float64
+    holds the sum of two float32 values that matters for rounding) and rounded once to
+    ``fmt`` with ``rounding``. Works chunk by chunk like :func:`measure`.
+    """
+    fmt, mode = get_format(fmt), RoundMode.parse(rounding)
+    if not isinstance(fmt, (Format, IntFormat)):
+        raise TypeError(f"swamping needs an element format for the stored parameters, got {fmt.name}")
+    theta = np.asarray(theta).reshape(-1)
+    delta = np.asarray(delta).reshape(-1)
+    if theta.shape != delta.shape:
+        raise ValueError(f"theta has {theta.size} elements, delta {delta.size}")
+    total = SwampPartial()
+    for start in range(0, theta.size, CHUNK):
+        t = emulate.quantize(np.asarray(theta[start : start + CHUNK], np.float32), fmt)
+        d = np.asarray(delta[start : start + CHUNK], np.float32)
+        kw: dict[str, Any] = {"rounding": mode}
+        if mode is RoundMode.STOCHASTIC:
+            kw["random_bits"] = random_bits_at(seed, start, t.size)
+        with np.errstate(invalid="ignore", over="ignore"):
+            new = emulate.quantize(t.astype(np.float64) + d, fmt, **kw)
+            upd = np.isfinite(d) & (d != 0) & np.isfinite(t)
+            realised = np.where(upd, new.astype(np.float64) - t, 0.0)
+            total = total + SwampPartial(
+                updates=int(np.count_nonzero(upd)),
+                lost=int(np.count_nonzero(upd & (new == t))),
+                sum_abs_intended=Fraction(float(np.sum(np.where(upd, np.abs(d), 0).astype(np.float64)))),
+                sum_abs_realised=Fraction(float(np.sum(np.abs(realised)))),
+            )
+    return total
+
+
+def iter_chunks(x: np.ndarray, fmt: Any) -> Iterator[tuple[int, np.ndarray]]:
+    """``(offset, chunk)`` pairs of the canonical chunks of ``x`` (for distributed work)."""
+    fmt = get_format(fmt)
+    flat = x.reshape(-1)
+    for start, stop in chunk_slices(x.shape, fmt):
+        yield start, _chunk_view(flat, x.shape, start, stop, fmt)

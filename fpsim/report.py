@@ -1,0 +1,196 @@
+"""Reports of an :class:`~fpsim.analyze.Analysis`: a printed table, CSV, JSON, Markdown, figures.
+
+Consumes only the analysis tables (DESIGN.md: plotting and printing only consume them).
+Figures are drawn on ``matplotlib.figure.Figure`` objects (no global pyplot state, no
+display needed) in the shared style of :mod:`fpsim.plotting`.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from .analyze import Analysis
+from .formats import get_format
+
+__all__ = ["summary_text", "write_report"]
+
+_COLUMNS = [
+    ("format", "format", "{}"),
+    ("rounding", "rounding", "{}"),
+    ("elements", "elements", "{:,}"),
+    ("underflow", "underflow", "{:,}"),
+    ("underflow_pct", "underflow %", "{:.3f}"),
+    ("subnormal", "subnormal", "{:,}"),
+    ("overflow", "overflow", "{:,}"),
+    ("saturated", "saturated", "{:,}"),
+    ("nan_in", "NaN in", "{:,}"),
+    ("inf_in", "inf in", "{:,}"),
+    ("sqnr_db", "SQNR dB", "{:.2f}"),
+    ("rel_l2_error", "rel L2 err", "{:.3e}"),
+    ("underflow_energy_share", "underflow energy", "{:.2e}"),
+    ("swamped_pct", "swamped % (RNE)", "{}"),
+]
+
+
+def _rows(summary: dict[str, Any]) -> list[dict[str, Any]]:
+    rows = []
+    for r in summary["results"]:
+        row = dict(r)
+        row["underflow_pct"] = 100 * r["underflow"] / r["nonzero"] if r["nonzero"] else 0.0
+        sw = r.get("swamping_nearest_even")
+        row["swamped_pct"] = f"{100 * sw['swamped_share']:.2f}" if sw else "-"
+        rows.append(row)
+    return rows
+
+
+def summary_text(analysis: Analysis) -> str:
+    """The readable summary table that ``fpsim analyze`` prints."""
+    s = analysis.summary()
+    rows = _rows(s)
+    cells = [[_fmt(spec, r.get(key)) for key, _, spec in _COLUMNS] for r in rows]
+    heads = [h for _, h, _ in _COLUMNS]
+    widths = [max(len(h), *(len(c[i]) for c in cells)) if cells else len(h) for i, h in enumerate(heads)]
+    lines = [
+        f"{s['trace']}: {s['steps']} steps, {s['tensors']} tensors",
+        "  ".join(h.rjust(w) if i > 1 else h.ljust(w) for i, (h, w) in enumerate(zip(heads, widths))),
+    ]
+    for c in cells:
+        lines.append(
+            "  ".join(v.rjust(w) if i > 1 else v.ljust(w) for i, (v, w) in enumerate(zip(c, widths)))
+        )
+    return "\n".join(lines)
+
+
+def _fmt(spec: str, v: Any) -> str:
+    if v is None:
+        return "-"
+    if isinstance(v, str):
+        return v
+    return spec.format(v)
+
+
+def write_report(analysis: Analysis, out: str | Path) -> dict[str, Path]:
+    """Write metrics.csv, summary.json, report.md and the figures into ``out``."""
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    table = analysis.table()
+    paths = {"csv": out / "metrics.csv", "json": out / "summary.json", "markdown": out / "report.md"}
+    table.to_csv(paths["csv"], index=False)
+    summary = analysis.summary()
+    paths["json"].write_text(json.dumps(summary, indent=2) + "\n")
+    from .plotting import style
+
+    figs = {"histogram": out / "magnitudes.png", "underflow": out / "underflow_by_tensor.png"}
+    with style():
+        _save(magnitude_figure(analysis), figs["histogram"])
+        _save(underflow_figure(analysis), figs["underflow"])
+    paths.update(figs)
+    paths["markdown"].write_text(_markdown(analysis, summary, figs))
+    return paths
+
+
+def _markdown(analysis: Analysis, summary: dict[str, Any], figs: dict[str, Path]) -> str:
+    rows = _rows(summary)
+    heads = [h for _, h, _ in _COLUMNS]
+    lines = [
+        "# fpsim analysis",
+        "",
+        f"Trace `{summary['trace']}`: {summary['steps']} steps, {summary['tensors']} tensors.",
+        "",
+        "Totals over the whole trace (counts over elements; SQNR and errors over elements whose "
+        "result is finite; overflow counted separately).",
+        "",
+        "| " + " | ".join(heads) + " |",
+        "|" + "---|" * len(heads),
+    ]
+    for r in rows:
+        lines.append("| " + " | ".join(_fmt(spec, r.get(key)) for key, _, spec in _COLUMNS) + " |")
+    lines += [
+        "",
+        "## Magnitudes against each format's range",
+        "",
+        f"![magnitude histogram]({figs['histogram'].name})",
+        "",
+        "## Underflow per tensor and step",
+        "",
+        f"![underflow]({figs['underflow'].name})",
+        "",
+    ]
+    return "\n".join(lines)
+
+
+def _save(fig: Any, path: Path) -> None:
+    fig.savefig(path, dpi=110)
+
+
+def magnitude_figure(analysis: Analysis):
+    """log2-magnitude histogram of all tensors, with each format's range marked."""
+    from .plotting import new_figure, palette
+
+    fig, ax = new_figure(figsize=(8, 4))
+    total = sum(analysis.hist.values(), np.zeros(256, np.int64))
+    e = np.arange(256) - 127
+    nz = np.nonzero(total)[0]
+    lo, hi = (e[nz[0]] - 4, e[nz[-1]] + 4) if nz.size else (-30, 10)
+    ax.bar(e, total, width=1.0, color="0.55", label="elements per binade")
+    colors = palette()
+    for i, name in enumerate(analysis.formats):
+        el = _element(name)
+        if el is None:
+            continue
+        c = colors[i % len(colors)]
+        ax.axvline(math.log2(el.min_subnormal), color=c, ls=":", lw=1.2)
+        ax.axvline(math.log2(el.min_normal), color=c, ls="--", lw=1.2)
+        ax.axvline(math.log2(el.max), color=c, ls="-", lw=1.2, label=f"{name}: min sub / min normal / max")
+        lo, hi = min(lo, math.log2(el.min_subnormal) - 2), max(hi, math.log2(el.max) + 2)
+    ax.set_xlim(max(lo, -150), min(hi, 130))
+    ax.set_yscale("log")
+    ax.set_xlabel("log2 |x|")
+    ax.set_ylabel("elements")
+    ax.set_title("Magnitudes in the trace against each element format's range (unscaled)")
+    ax.legend(fontsize=7, loc="upper left")
+    return fig
+
+
+def _element(name: str):
+    from .formats import Format
+
+    f = get_format(name)
+    return f if isinstance(f, Format) else None
+
+
+def underflow_figure(analysis: Analysis):
+    """Share of nonzero elements that underflow, per tensor (rows) and step (columns)."""
+    from .plotting import new_figure
+
+    keys = sorted({(k[1], k[2]) for k in analysis.results})
+    steps = sorted({k[0] for k in analysis.results})
+    fmts = analysis.formats
+    rnd = analysis.roundings[0]
+    ncol = min(4, len(fmts))
+    nrow = math.ceil(len(fmts) / ncol)
+    fig, axes = new_figure(
+        nrows=nrow, ncols=ncol, figsize=(3.2 * ncol, 0.25 * len(keys) * nrow + 1.5), squeeze=False
+    )
+    for i, fmt in enumerate(fmts):
+        ax = axes[i // ncol][i % ncol]
+        grid = np.full((len(keys), len(steps)), np.nan)
+        for r, (role, name) in enumerate(keys):
+            for c, step in enumerate(steps):
+                p = analysis.results.get((step, role, name, fmt, rnd))
+                if p is not None and p.nonzero:
+                    grid[r, c] = p.underflow / p.nonzero
+        im = ax.imshow(grid, aspect="auto", vmin=0, vmax=1, cmap="magma_r", interpolation="nearest")
+        ax.set_title(fmt, fontsize=8)
+        ax.set_xticks(range(len(steps)), [str(s) for s in steps], fontsize=5, rotation=90)
+        ax.set_yticks(range(len(keys)), [n if i % ncol == 0 else "" for _, n in keys], fontsize=5)
+    for j in range(len(fmts), nrow * ncol):
+        axes[j // ncol][j % ncol].set_visible(False)
+    fig.colorbar(im, ax=axes, shrink=0.6, label="underflow share")
+    fig.suptitle(f"Underflow (nonzero -> 0) per tensor and step, {rnd}")
+    return fig
