@@ -183,11 +183,13 @@ def chunk_slices(shape: tuple[int, ...], fmt: Any) -> list[tuple[int, int]]:
 
 
 def _chunk_view(flat: np.ndarray, shape: tuple[int, ...], start: int, stop: int, fmt: Any) -> np.ndarray:
-    """The chunk with the shape the recipe blocks (rows kept as rows)."""
+    """The chunk shaped so the recipe sees whole rows (or whole leading slices)."""
     part = flat[start:stop]
-    if isinstance(fmt, BlockFormat) and not fmt.flatten and fmt.block is not None and len(shape) > 1:
-        return part.reshape((-1, *shape[1:]))
-    return part
+    if not (isinstance(fmt, BlockFormat) and not fmt.flatten and fmt.block is not None and len(shape) > 1):
+        return part
+    if len(fmt.block) == 1 or len(shape) == 2:
+        return part.reshape(-1, shape[-1])
+    return part.reshape((-1, *shape[1:]))
 
 
 # --- random bits ------------------------------------------------------------------------
@@ -233,7 +235,14 @@ def measure(
     for start, stop in chunk_slices(shape, fmt):
         part = _chunk_view(flat, shape, start, stop, fmt)
         total = total + measure_chunk(
-            part, fmt, rounding, offset=start, seed=seed, saturate=saturate, tensor_amax=amax
+            part,
+            fmt,
+            rounding,
+            offset=start,
+            seed=seed,
+            saturate=saturate,
+            tensor_amax=amax,
+            with_hist=with_hist,
         )
         if progress is not None:
             progress(stop - start)
@@ -301,7 +310,7 @@ def _tally(x: np.ndarray, q: np.ndarray, codes: np.ndarray, el: Any, with_hist: 
         for i in range(0, x.size, _SUB):
             xs, qs = x[i : i + _SUB], q[i : i + _SUB]
             ax = np.abs(xs)
-            finite = ax <= np.inf if xs.dtype == np.float64 else ax <= np.float32(np.inf)
+            finite = ax < np.inf  # NaN compares false
             nz = finite & (xs != 0)
             qfin = np.isfinite(qs)
             ok = finite & qfin

@@ -186,6 +186,7 @@ def underflow_figure(analysis: Analysis):
                 if p is not None and p.nonzero:
                     grid[r, c] = p.underflow / p.nonzero
         im = ax.imshow(grid, aspect="auto", vmin=0, vmax=1, cmap="magma_r", interpolation="nearest")
+        ax.grid(False)
         ax.set_title(fmt, fontsize=8)
         ax.set_xticks(range(len(steps)), [str(s) for s in steps], fontsize=5, rotation=90)
         ax.set_yticks(range(len(keys)), [n if i % ncol == 0 else "" for _, n in keys], fontsize=5)

@@ -1,0 +1,442 @@
+"""Open a trace: a trace folder, a folder of per-step files, or one file.
+
+Accepted inputs of :func:`open_trace`:
+
+* a trace folder (it has ``manifest.json``; see :mod:`fpsim.trace`), or the manifest itself;
+* a folder of per-step files, all of one kind: ``*.safetensors``, ``*.pt`` / ``*.pth``
+  (``torch.save`` of a dict) or ``*.npz`` (``numpy.savez``). The step of each file is the
+  last integer in its name (``grads_step120.pt`` -> 120); a file without one, two files of
+  the same step, other files or sub-folders, and a mix of kinds are errors. Hidden files
+  (``.name``) are ignored;
+* a single such file: one step, numbered by the last integer in its name, else 0.
+
+Keys: ``"role:name"`` (``role`` one of ``grad``, ``param``, ``state.<name>``) keeps its role;
+any other key is a gradient named by the key. In ``.pt`` files nested dicts are flattened:
+a top-level ``"grad"``/``"grads"``/``"gradients"`` dict holds gradients,
+``"param"``/``"params"``/``"parameters"`` parameters, ``"state.<name>"`` one optimizer state,
+and ``"state"`` a dict ``{state_name: {param_name: tensor}}``; any other nested dict joins its
+keys with dots (``{"fc": {"weight": g}}`` -> gradient ``fc.weight``). Top-level ``"loss"`` and
+``"lr"`` entries holding one number (a Python number or a one-element tensor/array) become
+the step's loss and learning rate, and a ``"step"`` integer must agree with the file name
+(or numbers the step when the name has no integer). Anything else that is not a tensor is
+an error, never skipped. In ``.safetensors`` files, ``__metadata__`` entries ``"loss"`` and
+``"lr"`` are read too.
+
+``.pt`` files are loaded only with ``torch.load(f, weights_only=True, map_location="cpu")``
+(memory-mapped where the file format allows), once when the trace is opened to index them
+and again when a tensor is read (the last file stays cached). ``.npz`` arrays are memory-mapped
+when stored uncompressed (``numpy.savez``) and decompressed one array at a time otherwise.
+The metadata of an imported trace is ``{"source": "<path>"}``.
+numpy saves ml_dtypes arrays (bfloat16, float8) as raw bytes without their type, so such
+``.npz`` arrays are rejected: store them as ``.safetensors`` or ``.pt``.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import mmap
+import os
+import re
+import struct
+import weakref
+import zipfile
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from .convert import is_torch_tensor, torch_to_numpy
+from .errors import TraceError
+from .reader import (
+    MANIFEST,
+    SafetensorsSource,
+    Source,
+    StepRecord,
+    TensorEntry,
+    Trace,
+    check_role,
+    parse_float,
+)
+from .reader import load_manifest_trace as _load_manifest_trace
+from .safetensors_io import read_header
+
+__all__ = ["open_trace", "split_key"]
+
+_KINDS = {".safetensors": "safetensors", ".pt": "torch", ".pth": "torch", ".npz": "npz"}
+_GROUPS = {
+    "grad": "grad",
+    "grads": "grad",
+    "gradients": "grad",
+    "param": "param",
+    "params": "param",
+    "parameters": "param",
+}
+
+
+def open_trace(path: str | os.PathLike[str]) -> Trace:
+    """Open a recorded trace for reading (see the module docstring for what is accepted).
+
+    Args:
+        path: a trace folder, its ``manifest.json``, a folder of per-step ``.safetensors`` /
+            ``.pt`` / ``.npz`` files, or one such file.
+
+    Returns:
+        A :class:`~fpsim.trace.Trace` that reads tensors lazily.
+
+    Raises:
+        TraceError: a missing, unknown, corrupt or inconsistent input, naming the file.
+    """
+    p = Path(path)
+    if not p.exists():
+        raise TraceError(f"{p}: no such file or folder")
+    if p.is_file() and p.name == MANIFEST:
+        p = p.parent
+    if p.is_dir():
+        if (p / MANIFEST).exists():
+            return _load_manifest_trace(p)
+        return _open_folder(p)
+    kind = _KINDS.get(p.suffix.lower())
+    if kind is None:
+        raise TraceError(f"{p}: unknown trace file type {p.suffix!r}; expected one of {sorted(_KINDS)}")
+    return _build(p, [(p, kind, _name_step(p))])
+
+
+def split_key(key: str) -> tuple[str, str]:
+    """``"role:name"`` -> ``(role, name)`` for a valid role; any other key -> ``("grad", key)``."""
+    role, sep, name = key.partition(":")
+    if sep and name:
+        try:
+            return check_role(role), name
+        except ValueError:
+            pass
+    return "grad", key
+
+
+def _name_step(path: Path) -> int | None:
+    numbers = re.findall(r"\d+", path.name[: -len(path.suffix)] if path.suffix else path.name)
+    return int(numbers[-1]) if numbers else None
+
+
+def _open_folder(folder: Path) -> Trace:
+    files: list[tuple[Path, str, int | None]] = []
+    unknown: list[str] = []
+    for p in sorted(folder.iterdir()):
+        if p.name.startswith("."):
+            continue
+        kind = _KINDS.get(p.suffix.lower()) if p.is_file() else None
+        if kind is None:
+            unknown.append(p.name + ("/" if p.is_dir() else ""))
+        else:
+            files.append((p, kind, _name_step(p)))
+    if unknown:
+        raise TraceError(
+            f"{folder}: not a trace folder (no {MANIFEST}) and it holds entries that are not "
+            f".safetensors/.pt/.npz files: {unknown[:5]}"
+        )
+    if not files:
+        raise TraceError(f"{folder}: empty folder: no {MANIFEST} and no .safetensors/.pt/.npz files")
+    kinds = sorted({k for _, k, _ in files})
+    if len(kinds) > 1:
+        raise TraceError(f"{folder}: the folder mixes file kinds {kinds}; keep one kind per trace folder")
+    for p, _, step in files:
+        if step is None:
+            raise TraceError(f"{p}: no step number in the file name (the step is the last integer in it)")
+    return _build(folder, files)
+
+
+@dataclass
+class _Indexed:
+    tensors: list[tuple[str, str, tuple[int, ...], str]]  # role, name, shape, dtype
+    loss: float | None
+    lr: float | None
+    step: int | None  # from the file's contents
+    source: Source
+
+
+def _build(path: Path, files: list[tuple[Path, str, int | None]]) -> Trace:
+    records: dict[int, StepRecord] = {}
+    owner: dict[int, Path] = {}
+    sources: dict[Path, Source] = {}
+    for file, kind, name_step in files:
+        idx = {"safetensors": _index_safetensors, "torch": _index_torch, "npz": _index_npz}[kind](file)
+        step = name_step
+        if idx.step is not None:
+            if step is not None and idx.step != step:
+                raise TraceError(f"{file}: 'step' entry {idx.step} disagrees with step {step} in the name")
+            step = idx.step
+        step = 0 if step is None else step
+        if step in owner:
+            raise TraceError(f"{file}: step {step} is also the step of {owner[step].name}")
+        owner[step] = file
+        rec = StepRecord(step, idx.loss, idx.lr)
+        seen: set[str] = set()
+        for role, name, shape, dtype in idx.tensors:
+            key = f"{role}:{name}"
+            if key in seen:
+                raise TraceError(f"{file}: two tensors map to {key!r} (e.g. 'x' and 'grad:x')")
+            seen.add(key)
+            rec.entries.append(TensorEntry(step, role, name, key, shape, dtype, file))
+        records[step] = rec
+        sources[file] = idx.source
+    return Trace(path, {"source": str(path)}, list(records.values()), sources)
+
+
+def _number(value: Any) -> float | None:
+    """One number from a Python number, a one-element array or tensor; else None."""
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, (int, float)):
+        return float(value)
+    a = torch_to_numpy(value) if is_torch_tensor(value) else value if isinstance(value, np.ndarray) else None
+    if (
+        a is None
+        or a.size != 1
+        or not (a.dtype.kind in "iuf" or a.dtype.kind == "V" and a.dtype.type is not np.void)
+    ):
+        return None
+    return float(a.reshape(()).astype(np.float64))
+
+
+def _step_value(file: Path, value: Any) -> int:
+    if isinstance(value, np.ndarray) and value.shape in ((), (1,)) and value.dtype.kind in "iu":
+        value = int(value.reshape(()))
+    elif is_torch_tensor(value) and value.numel() == 1 and not value.dtype.is_floating_point:
+        value = int(value.item())
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise TraceError(f"{file}: the 'step' entry must be a non-negative integer, got {value!r}")
+    return value
+
+
+# --- safetensors ----------------------------------------------------------------------------
+
+
+def _index_safetensors(file: Path) -> _Indexed:
+    header = read_header(file)
+    tensors, keys = [], {}
+    for key, slot in header.tensors.items():
+        role, name = split_key(key)
+        tensors.append((role, name, slot.shape, slot.dtype))
+        keys[f"{role}:{name}"] = key
+    meta, where = header.metadata, f"{file}: __metadata__"
+    try:
+        loss = parse_float(json.loads(meta["loss"]), f"{where} loss") if "loss" in meta else None
+        lr = parse_float(json.loads(meta["lr"]), f"{where} lr") if "lr" in meta else None
+    except json.JSONDecodeError as e:
+        raise TraceError(f"{where}: loss/lr is not a number: {e}") from None
+    return _Indexed(tensors, loss, lr, None, SafetensorsSource(header, keys))
+
+
+# --- torch .pt ------------------------------------------------------------------------------
+
+
+def _torch_load(file: Path) -> Any:
+    import torch
+
+    try:
+        return torch.load(file, weights_only=True, map_location="cpu", mmap=True)
+    except Exception:  # legacy (non-zip) files cannot be memory-mapped: retry without mmap
+        pass
+    try:
+        return torch.load(file, weights_only=True, map_location="cpu")
+    except Exception as e:  # torch raises many types for corrupt/unsafe files
+        msg = f"{type(e).__name__}: {e}"
+        raise TraceError(f"{file}: cannot load with torch.load(weights_only=True): {msg}") from e
+
+
+def _walk_torch(file: Path, obj: Any) -> tuple[dict[str, tuple[str, str, tuple[str, ...]]], dict[str, Any]]:
+    """Flatten a loaded .pt object: key -> (role, name, path in obj), plus loss/lr/step values."""
+    if not isinstance(obj, Mapping):
+        raise TraceError(f"{file}: expected a dict of name -> tensor, got {type(obj).__name__}")
+    found: dict[str, tuple[str, str, tuple[str, ...]]] = {}
+    extras: dict[str, Any] = {}
+
+    def add(role: str, name: str, path: tuple[str, ...]) -> None:
+        key = f"{role}:{name}"
+        if key in found:
+            raise TraceError(f"{file}: two tensors map to {key!r}")
+        found[key] = (role, name, path)
+
+    def walk(d: Mapping, path: tuple[str, ...], role: str, prefix: tuple[str, ...]) -> None:
+        for k, v in d.items():
+            here, top = (*path, k), not path
+            if not isinstance(k, str):
+                raise TraceError(f"{file}: key {k!r} at {'/'.join(path) or 'top level'} is not a string")
+            if top and k in ("loss", "lr", "step") and _is_scalar(v):
+                extras[k] = v
+            elif is_torch_tensor(v):
+                add(*(split_key(k) if top else (role, ".".join((*prefix, k)))), here)
+            elif not isinstance(v, Mapping):
+                raise TraceError(
+                    f"{file}: {'/'.join(here)} holds a {type(v).__name__}, not a tensor (a .pt trace "
+                    f"file maps names to tensors, plus optional 'loss', 'lr' and 'step' numbers)"
+                )
+            elif top and k in _GROUPS:
+                walk(v, here, _GROUPS[k], ())
+            elif top and k.startswith("state.") and _valid_role(k):
+                walk(v, here, k, ())
+            elif top and k == "state":
+                for sk, sv in v.items():
+                    if not isinstance(sv, Mapping) or not _valid_role(f"state.{sk}"):
+                        raise TraceError(f"{file}: 'state' must map state names to dicts of tensors")
+                    walk(sv, (*here, sk), f"state.{sk}", ())
+            else:
+                walk(v, here, role, (*prefix, k))
+
+    walk(obj, (), "grad", ())
+    return found, extras
+
+
+def _is_scalar(v: Any) -> bool:
+    if is_torch_tensor(v):
+        return v.numel() == 1
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
+def _valid_role(role: str) -> bool:
+    try:
+        check_role(role)
+    except ValueError:
+        return False
+    return True
+
+
+class _TorchSource:
+    """Reads tensors of one .pt file, keeping the last loaded file in memory."""
+
+    _cache: tuple[Path, Any] | None = None
+
+    def __init__(self, file: Path, paths: Mapping[str, tuple[str, ...]]):
+        self.file, self.paths = file, dict(paths)
+
+    def read(self, entry: TensorEntry) -> np.ndarray:
+        cache = _TorchSource._cache
+        if cache is None or cache[0] != self.file:
+            cache = (self.file, _torch_load(self.file))
+            _TorchSource._cache = cache
+        obj = cache[1]
+        for part in self.paths[entry.key]:
+            obj = obj[part]
+        return torch_to_numpy(obj)
+
+
+def _index_torch(file: Path) -> _Indexed:
+    obj = _torch_load(file)
+    found, extras = _walk_torch(file, obj)
+    tensors, paths = [], {}
+    for key, (role, name, path) in found.items():
+        t = obj
+        for part in path:
+            t = t[part]
+        tensors.append((role, name, tuple(t.shape), str(t.dtype).removeprefix("torch.")))
+        paths[key] = path
+    return _Indexed(tensors, *_extras(file, extras), _TorchSource(file, paths))
+
+
+def _extras(file: Path, extras: Mapping[str, Any]) -> tuple[float | None, float | None, int | None]:
+    out: list[float | None] = []
+    for k in ("loss", "lr"):
+        v = _number(extras[k]) if k in extras else None
+        if k in extras and v is None:
+            raise TraceError(f"{file}: '{k}' must hold one number, got {extras[k]!r}")
+        out.append(v)
+    step = _step_value(file, extras["step"]) if "step" in extras else None
+    return out[0], out[1], step
+
+
+# --- numpy .npz -----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class _NpyMember:
+    member: str
+    shape: tuple[int, ...]
+    dtype: np.dtype
+    fortran: bool
+    offset: int | None  # absolute data offset for uncompressed members, else None
+
+
+def _npz_members(file: Path) -> dict[str, _NpyMember]:
+    out: dict[str, _NpyMember] = {}
+    try:
+        with zipfile.ZipFile(file) as zf, open(file, "rb") as raw:
+            for info in zf.infolist():
+                if not info.filename.endswith(".npy"):
+                    raise TraceError(f"{file}: member {info.filename!r} is not a .npy array")
+                with zf.open(info) as f:
+                    version = np.lib.format.read_magic(f)
+                    if version == (1, 0):
+                        shape, fortran, dtype = np.lib.format.read_array_header_1_0(f)
+                    elif version == (2, 0):
+                        shape, fortran, dtype = np.lib.format.read_array_header_2_0(f)
+                    else:
+                        raise TraceError(f"{file}: {info.filename!r} uses unsupported .npy version {version}")
+                    data_pos = f.tell()
+                offset = None
+                if info.compress_type == zipfile.ZIP_STORED:
+                    raw.seek(info.header_offset + 26)
+                    name_len, extra_len = struct.unpack("<HH", raw.read(4))
+                    offset = info.header_offset + 30 + name_len + extra_len + data_pos
+                key = info.filename[:-4]
+                out[key] = _NpyMember(info.filename, tuple(shape), dtype, bool(fortran), offset)
+    except TraceError:
+        raise
+    except (OSError, ValueError, zipfile.BadZipFile, struct.error, EOFError) as e:
+        raise TraceError(f"{file}: corrupt or truncated .npz file: {e}") from e
+    return out
+
+
+class _NpzSource:
+    """Reads arrays of one .npz file: uncompressed ones as views of one shared memory map."""
+
+    def __init__(self, file: Path, members: Mapping[str, _NpyMember], keys: Mapping[str, str]):
+        self.file, self.members, self.keys = file, dict(members), dict(keys)
+        self._map: weakref.ref[mmap.mmap] | None = None
+
+    def read(self, entry: TensorEntry) -> np.ndarray:
+        key = self.keys[entry.key]
+        m = self.members[key]
+        if m.offset is not None and m.dtype.itemsize * math.prod(m.shape) > 0:
+            mm = self._map() if self._map is not None else None
+            if mm is None or mm.closed:
+                try:
+                    with open(self.file, "rb") as f:
+                        mm = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+                except (OSError, ValueError) as e:
+                    raise TraceError(f"{self.file}: cannot map the file: {e}") from e
+                self._map = weakref.ref(mm)
+            end = m.offset + m.dtype.itemsize * math.prod(m.shape)
+            if end > len(mm):
+                raise TraceError(f"{self.file}: array {key!r} runs past the end of the file (truncated?)")
+            order = "F" if m.fortran else "C"
+            return np.ndarray(m.shape, dtype=m.dtype, buffer=mm, offset=m.offset, order=order)
+        try:
+            with np.load(self.file, allow_pickle=False) as z:
+                return z[key]
+        except (OSError, ValueError, zipfile.BadZipFile, EOFError) as e:
+            raise TraceError(f"{self.file}: cannot read array {key!r}: {e}") from e
+
+
+def _index_npz(file: Path) -> _Indexed:
+    members = _npz_members(file)
+    src_keys: dict[str, str] = {}
+    tensors = []
+    extras: dict[str, Any] = {}
+    for key, m in members.items():
+        if m.dtype.hasobject:
+            raise TraceError(f"{file}: array {key!r} has object dtype (pickles are not loaded)")
+        if m.dtype.kind == "V":
+            raise TraceError(
+                f"{file}: array {key!r} has raw dtype {m.dtype.str} (numpy stores bfloat16/float8 arrays "
+                f"this way, losing the type); save it as .safetensors or .pt instead"
+            )
+        if key in ("loss", "lr", "step") and int(np.prod(m.shape)) == 1:
+            with np.load(file, allow_pickle=False) as z:
+                extras[key] = z[key]
+            continue
+        role, name = split_key(key)
+        src_keys[f"{role}:{name}"] = key
+        tensors.append((role, name, m.shape, m.dtype.name))
+    return _Indexed(tensors, *_extras(file, extras), _NpzSource(file, members, src_keys))

@@ -1,0 +1,379 @@
+"""The :class:`Trace` object: steps, tensor entries and lazy reads, plus the manifest reader.
+
+A :class:`Trace` is backed by one "source" per file. For the trace folder format (and plain
+``.safetensors`` imports) the source memory-maps the requested tensor's byte range only;
+the importers in :mod:`fpsim.trace.importers` add sources for ``.pt`` and ``.npz`` files.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import mmap
+import re
+import warnings
+import weakref
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+import numpy as np
+
+from .errors import TraceError
+from .safetensors_io import DTYPE_CODES, FLOAT_DTYPES, SafetensorsHeader, map_file, read_header, tensor_view
+
+__all__ = [
+    "MANIFEST",
+    "TRACE_VERSION",
+    "TensorEntry",
+    "Trace",
+    "check_role",
+    "load_manifest_trace",
+    "step_file_name",
+]
+
+MANIFEST = "manifest.json"
+TRACE_VERSION = 1
+STEP_FILE_RE = re.compile(r"^step_(\d+)\.safetensors$")
+_KNOWN_DTYPES = frozenset(DTYPE_CODES.values())
+
+
+def step_file_name(step: int) -> str:
+    """The file name of a step in a trace folder: ``step_000012.safetensors``."""
+    return f"step_{step:06d}.safetensors"
+
+
+def check_role(role: Any) -> str:
+    """Return ``role`` if it is ``"grad"``, ``"param"`` or ``"state.<name>"``, else raise ValueError."""
+    if role in ("grad", "param"):
+        return role
+    if isinstance(role, str) and role.startswith("state.") and len(role) > 6 and ":" not in role:
+        return role
+    raise ValueError(f"role must be 'grad', 'param' or 'state.<name>' (e.g. 'state.exp_avg'), got {role!r}")
+
+
+@dataclass(frozen=True)
+class TensorEntry:
+    """One recorded tensor of one step.
+
+    Attributes:
+        step: the training step.
+        role: ``"grad"``, ``"param"`` or ``"state.<name>"`` (optimizer state, e.g.
+            ``"state.exp_avg"``).
+        name: the parameter name, e.g. ``"blocks.0.attn.qkv.weight"``.
+        key: ``"<role>:<name>"``, the key in the step's safetensors file.
+        shape: the tensor shape.
+        dtype: the numpy/ml_dtypes dtype name, e.g. ``"float32"``, ``"bfloat16"``,
+            ``"float8_e4m3fn"``; imported files may also hold integer or ``"bool"`` tensors,
+            reported as such (see :attr:`is_float`).
+        file: the file that holds the tensor.
+    """
+
+    step: int
+    role: str
+    name: str
+    key: str
+    shape: tuple[int, ...]
+    dtype: str
+    file: Path
+
+    @property
+    def size(self) -> int:
+        """The number of elements."""
+        return math.prod(self.shape)
+
+    @property
+    def is_float(self) -> bool:
+        """Whether :attr:`dtype` is a floating-point type."""
+        return self.dtype in FLOAT_DTYPES
+
+
+class Source(Protocol):
+    """Reads the tensors of one file (internal)."""
+
+    def read(self, entry: TensorEntry) -> np.ndarray: ...
+
+
+class SafetensorsSource:
+    """Views tensors of one memory-mapped safetensors file; ``keys`` maps entry keys to file keys.
+
+    The map is shared by every array read from the file and held only through them (a weak
+    reference here), so the file is unmapped, and its descriptor closed, once they are gone.
+    """
+
+    def __init__(self, header: SafetensorsHeader, keys: Mapping[str, str] | None = None):
+        self.header = header
+        self.keys = dict(keys) if keys is not None else None
+        self._map: weakref.ref[mmap.mmap] | None = None
+
+    def read(self, entry: TensorEntry) -> np.ndarray:
+        key = entry.key if self.keys is None else self.keys[entry.key]
+        mm = self._map() if self._map is not None else None
+        if mm is None or mm.closed:
+            mm = map_file(self.header)
+            self._map = weakref.ref(mm)
+        return tensor_view(self.header, key, mm)
+
+
+@dataclass
+class StepRecord:
+    """One step of a trace (internal)."""
+
+    step: int
+    loss: float | None
+    lr: float | None
+    entries: list[TensorEntry] = field(default_factory=list)
+
+
+class Trace:
+    """A recorded sequence of training steps, read lazily.
+
+    Make one with :func:`fpsim.trace.open_trace`. Tensors are read only when asked for;
+    :meth:`read` returns a read-only array (a memory map for safetensors files) and
+    :meth:`read_chunks` streams a tensor in flat pieces.
+
+    Attributes:
+        path: the folder or file the trace was opened from.
+        metadata: free-form metadata recorded with the trace (a dict).
+    """
+
+    def __init__(
+        self,
+        path: Path,
+        metadata: Mapping[str, Any],
+        records: Sequence[StepRecord],
+        sources: Mapping[Path, Source],
+    ):
+        self.path = Path(path)
+        self.metadata: dict[str, Any] = dict(metadata)
+        self._records = {r.step: r for r in sorted(records, key=lambda r: r.step)}
+        self._sources = dict(sources)
+        self._known = frozenset(e for r in self._records.values() for e in r.entries)
+
+    def __repr__(self) -> str:
+        return f"Trace({str(self.path)!r}, steps={len(self._records)}, roles={list(self.roles)})"
+
+    @property
+    def steps(self) -> list[int]:
+        """The recorded steps, ascending."""
+        return list(self._records)
+
+    @property
+    def roles(self) -> tuple[str, ...]:
+        """The roles present: ``"grad"``, ``"param"``, then the ``"state.*"`` roles sorted."""
+        found = {e.role for r in self._records.values() for e in r.entries}
+        order = [r for r in ("grad", "param") if r in found]
+        return tuple(order + sorted(found - {"grad", "param"}))
+
+    def _record(self, step: int) -> StepRecord:
+        try:
+            return self._records[step]
+        except (KeyError, TypeError):
+            steps = self.steps
+            shown = ", ".join(map(str, steps[:8])) + (", ..." if len(steps) > 8 else "")
+            raise ValueError(f"step {step!r} is not in trace {self.path} (steps: {shown})") from None
+
+    def loss(self, step: int) -> float | None:
+        """The loss recorded for ``step`` (None if none was recorded)."""
+        return self._record(step).loss
+
+    def lr(self, step: int) -> float | None:
+        """The learning rate recorded for ``step`` (None if none was recorded)."""
+        return self._record(step).lr
+
+    def entries(self, step: int | None = None, role: str | None = None) -> list[TensorEntry]:
+        """The tensor entries, by step then in file order, optionally of one step and/or role.
+
+        Args:
+            step: only this step (ValueError if the trace does not have it).
+            role: only this role (``"grad"``, ``"param"``, ``"state.<name>"``); a valid role
+                the trace lacks gives an empty list.
+        """
+        if role is not None:
+            check_role(role)
+        records = [self._record(step)] if step is not None else self._records.values()
+        return [e for r in records for e in r.entries if role is None or e.role == role]
+
+    def entry(self, step: int, name: str, role: str = "grad") -> TensorEntry:
+        """The entry of one tensor; ValueError if the step has no such tensor."""
+        for e in self.entries(step, role):
+            if e.name == name:
+                return e
+        raise ValueError(f"trace {self.path} has no {role} tensor {name!r} at step {step}")
+
+    def names(self, role: str = "grad") -> list[str]:
+        """The tensor names of a role, in order of first appearance over the steps."""
+        return list(dict.fromkeys(e.name for e in self.entries(role=role)))
+
+    def read(self, entry: TensorEntry) -> np.ndarray:
+        """Read one tensor as a read-only numpy array of its shape and dtype.
+
+        For safetensors files (and uncompressed ``.npz``) the array is a view of a read-only
+        memory map of the file: nothing is read until it is used, and then only the pages
+        of this tensor. The map is shared by all arrays of a file (one file descriptor per
+        file, however many arrays are alive).
+        """
+        source = self._sources.get(entry.file)
+        if source is None or entry not in self._known:
+            raise ValueError(f"{entry!r} does not belong to trace {self.path}")
+        a = source.read(entry)
+        if a.flags.writeable:
+            a = a.view()
+            a.flags.writeable = False
+        return a
+
+    def read_chunks(self, entry: TensorEntry, chunk_elements: int) -> Iterator[np.ndarray]:
+        """Yield a tensor's elements in flat (C-order) chunks of ``chunk_elements``.
+
+        Chunks are read-only views of the memory map, so a tensor larger than memory streams
+        from disk (for ``.pt`` files and compressed ``.npz`` the tensor is loaded first); the
+        last chunk may be shorter, and a zero-size tensor yields nothing.
+        """
+        if isinstance(chunk_elements, bool) or not isinstance(chunk_elements, int) or chunk_elements < 1:
+            raise ValueError(f"chunk_elements must be a positive int, got {chunk_elements!r}")
+        flat = self.read(entry).reshape(-1)
+        for start in range(0, flat.size, chunk_elements):
+            yield flat[start : start + chunk_elements]
+
+
+# --- the manifest ---------------------------------------------------------------------------
+
+
+def parse_float(value: Any, where: str) -> float | None:
+    """A loss/lr value from JSON: a number, null, or "NaN" / "Infinity" / "-Infinity"."""
+    if value is None:
+        return None
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return float(value)
+    if value in ("NaN", "Infinity", "-Infinity"):
+        return float(value.replace("Infinity", "inf"))
+    raise TraceError(f"{where}: expected a number or null, got {value!r}")
+
+
+def json_float(value: Any) -> float | str | None:
+    """A loss/lr value for JSON (non-finite values as "NaN" / "Infinity" / "-Infinity")."""
+    if value is None:
+        return None
+    v = float(value)
+    if math.isnan(v):
+        return "NaN"
+    if math.isinf(v):
+        return "Infinity" if v > 0 else "-Infinity"
+    return v
+
+
+def read_manifest(folder: Path) -> dict[str, Any]:
+    """Parse and structurally validate ``folder/manifest.json``; raise TraceError naming it."""
+    path = folder / MANIFEST
+    try:
+        manifest = json.loads(path.read_text(encoding="utf-8"))
+    except OSError as e:
+        raise TraceError(f"{path}: cannot read the trace manifest: {e}") from e
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise TraceError(f"{path}: corrupt trace manifest (not valid JSON: {e})") from e
+    if not isinstance(manifest, dict) or "fpsim_trace" not in manifest:
+        raise TraceError(f"{path}: not an fpsim trace manifest (no 'fpsim_trace' version field)")
+    if manifest["fpsim_trace"] != TRACE_VERSION:
+        version = manifest["fpsim_trace"]
+        raise TraceError(f"{path}: unsupported trace version {version!r} (this fpsim reads {TRACE_VERSION})")
+    if not isinstance(manifest.get("metadata", {}), dict):
+        raise TraceError(f"{path}: 'metadata' must be a JSON object")
+    if not isinstance(manifest.get("steps"), list):
+        raise TraceError(f"{path}: 'steps' must be a list")
+    return manifest
+
+
+def load_manifest_trace(folder: Path) -> Trace:
+    """Open a trace folder (``manifest.json`` + step files) and cross-check it with the files.
+
+    Every listed file must exist, and its safetensors header must hold exactly the listed
+    keys with the listed shapes and dtypes. Step files not in the manifest (left by an
+    interrupted write) are ignored with a warning.
+
+    Raises:
+        TraceError: naming the manifest or step file and the problem.
+    """
+    folder = Path(folder)
+    mpath = folder / MANIFEST
+    manifest = read_manifest(folder)
+    records: list[StepRecord] = []
+    sources: dict[Path, Source] = {}
+    seen_steps: set[int] = set()
+    for i, item in enumerate(manifest["steps"]):
+        where = f"{mpath}: steps[{i}]"
+        if not isinstance(item, dict):
+            raise TraceError(f"{where} is not an object")
+        step = item.get("step")
+        if isinstance(step, bool) or not isinstance(step, int) or step < 0:
+            raise TraceError(f"{where}: 'step' must be a non-negative integer, got {step!r}")
+        if step in seen_steps:
+            raise TraceError(f"{mpath}: step {step} is listed twice")
+        seen_steps.add(step)
+        fname = item.get("file")
+        if not isinstance(fname, str) or Path(fname).name != fname or fname in ("", ".", ".."):
+            raise TraceError(f"{where}: 'file' must be a file name inside the trace folder, got {fname!r}")
+        file = folder / fname
+        if file in sources:
+            raise TraceError(f"{mpath}: file {fname!r} is listed for two steps")
+        if not file.is_file():
+            raise TraceError(f"{file}: step file listed in {mpath} (step {step}) is missing")
+        record = StepRecord(step, parse_float(item.get("loss"), where), parse_float(item.get("lr"), where))
+        header = read_header(file)
+        wanted = _manifest_entries(item.get("tensors"), where, step, file)
+        for e in wanted:
+            slot = header.tensors.get(e.key)
+            if slot is None:
+                raise TraceError(f"{file}: tensor {e.key!r} listed in the manifest is missing from the file")
+            if slot.shape != e.shape or slot.dtype != e.dtype:
+                raise TraceError(
+                    f"{file}: tensor {e.key!r} is {slot.dtype}{list(slot.shape)} in the file but "
+                    f"{e.dtype}{list(e.shape)} in the manifest"
+                )
+        extra = set(header.tensors) - {e.key for e in wanted}
+        if extra:
+            raise TraceError(f"{file}: tensors not listed in the manifest: {sorted(extra)}")
+        record.entries = wanted
+        records.append(record)
+        sources[file] = SafetensorsSource(header)
+    listed = {p.name for p in sources}
+    orphans = sorted(p.name for p in folder.iterdir() if STEP_FILE_RE.match(p.name) and p.name not in listed)
+    if orphans:
+        warnings.warn(
+            f"{folder}: step files not listed in {MANIFEST} are ignored (left by an interrupted write?): "
+            f"{', '.join(orphans)}",
+            RuntimeWarning,
+            stacklevel=3,
+        )
+    return Trace(folder, manifest.get("metadata", {}), records, sources)
+
+
+def _manifest_entries(tensors: Any, where: str, step: int, file: Path) -> list[TensorEntry]:
+    if not isinstance(tensors, list):
+        raise TraceError(f"{where}: 'tensors' must be a list")
+    out: list[TensorEntry] = []
+    keys: set[str] = set()
+    for j, t in enumerate(tensors):
+        w = f"{where}.tensors[{j}]"
+        if not isinstance(t, dict):
+            raise TraceError(f"{w} is not an object")
+        role, name, key, shape, dtype = (t.get(k) for k in ("role", "name", "key", "shape", "dtype"))
+        try:
+            check_role(role)
+        except ValueError as e:
+            raise TraceError(f"{w}: {e}") from None
+        if not isinstance(name, str) or not name:
+            raise TraceError(f"{w}: 'name' must be a non-empty string, got {name!r}")
+        if key != f"{role}:{name}":
+            raise TraceError(f"{w}: 'key' must be {role}:{name!s}, got {key!r}")
+        if key in keys:
+            raise TraceError(f"{w}: key {key!r} is listed twice")
+        keys.add(key)
+        if not isinstance(shape, list) or not all(
+            isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in shape
+        ):
+            raise TraceError(f"{w}: 'shape' must be a list of non-negative integers, got {shape!r}")
+        if dtype not in _KNOWN_DTYPES:
+            raise TraceError(f"{w}: unknown dtype {dtype!r}")
+        out.append(TensorEntry(step, role, name, key, tuple(shape), dtype, file))
+    return out
