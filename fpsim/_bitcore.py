@@ -210,8 +210,41 @@ def encode_float_numpy(x, fmt: Format, mode: RoundMode, saturate: bool, ftz: boo
         out[i : i + step] = code
         if bad.any():
             j = np.flatnonzero(bad)
-            out[i + j] = encode_float(np, flat[i + j], fmt, mode, saturate, ftz, None, nbits)
+            if mode is _R.NEAREST_EVEN:  # zero and subnormal results: integer RNE, no specials
+                small = mag[j] < lo
+                k = j[small]
+                out[i + k] = _below_normal_rne(mag[k], bits[k], fmt, ftz, s)
+                j = j[~small]
+            if j.size:
+                out[i + j] = encode_float(np, flat[i + j], fmt, mode, saturate, ftz, None, nbits)
     return out.reshape(x.shape)
+
+
+def _below_normal_rne(mag, bits, fmt: Format, ftz: bool, s: _Src):
+    """Nearest-even codes of magnitudes below the target's smallest normal (zero included).
+
+    The quantum is the target's subnormal quantum, ``d = Ms - M + (emin + Bs - max(es, 1))``
+    bits of the source significand; a carry out of the subnormal range gives the smallest
+    normal code, as in :func:`encode_float`.
+    """
+    U, I = s.U, s.I
+    m_bits = fmt.mantissa_bits
+    es = (mag >> U(s.mbits)).astype(I)
+    mant = mag & U((1 << s.mbits) - 1)
+    sig = np.where(es == 0, mant, mant | U(1 << s.mbits))
+    d = np.minimum(I(s.mbits - m_bits + fmt.min_exponent + s.bias) - np.maximum(es, I(1)), I(s.mbits + 2))
+    d = d.astype(U)
+    kept = sig >> d
+    rem = sig & ((U(1) << d) - U(1))
+    half = (U(1) << d) >> U(1)
+    tie_odd = (rem == half) & (rem != 0) & ((kept & U(1)) != 0)  # rem == half == 0: exact (d = 0)
+    code = kept + ((rem > half) | tie_odd).astype(U)
+    if ftz and m_bits > 0:
+        code = np.where(code < U(1 << m_bits), U(0), code)
+    sign = (bits >> U(s.width - 1)).astype(U)
+    if fmt.encoding is Encoding.FNUZ:
+        sign = sign & (code != 0)
+    return (code | (sign << U(fmt.exponent_bits + m_bits))).astype(fmt.code_dtype)
 
 
 _INT_ROUND = {
