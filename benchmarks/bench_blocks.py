@@ -19,8 +19,18 @@ import numpy as np
 
 import fpsim
 
-RECIPES = ["mxfp8_e4m3", "mxfp4_e2m1", "mxint8", "nvfp4", "e4m3_block128", "e4m3_tile128",
-           "e4m3_tensor", "int8_block256", "bnb_dynamic8_block256", "fp8_e4m3_block256"]
+RECIPES = [
+    "mxfp8_e4m3",
+    "mxfp4_e2m1",
+    "mxint8",
+    "nvfp4",
+    "e4m3_block128",
+    "e4m3_tile128",
+    "e4m3_tensor",
+    "int8_block256",
+    "bnb_dynamic8_block256",
+    "fp8_e4m3_block256",
+]
 
 
 def best(fn, repeats: int) -> float:
@@ -41,12 +51,14 @@ def main() -> None:
     ap.add_argument("--json", help="write the results here as JSON")
     args = ap.parse_args()
     rng = np.random.default_rng(0)
-    x = (rng.standard_normal((args.rows, args.cols)) * np.exp(rng.normal(0, 2, (args.rows, 1))))
+    x = rng.standard_normal((args.rows, args.cols)) * np.exp(rng.normal(0, 2, (args.rows, 1)))
     x = x.astype(np.float32)
     n = x.size
     rows = []
-    print(f"{'recipe':24s} {'element':16s} {'recipe M/s':>10s} {'element M/s':>11s} {'ratio':>6s} "
-          f"{'ml_dtypes M/s':>13s} {'ratio':>6s}")
+    print(
+        f"{'recipe':24s} {'element':16s} {'recipe M/s':>10s} {'element M/s':>11s} {'ratio':>6s} "
+        f"{'ml_dtypes M/s':>13s} {'ratio':>6s}"
+    )
     for name in RECIPES:
         recipe = fpsim.get_format(name)
         el = recipe.element
@@ -56,12 +68,21 @@ def main() -> None:
         t_el = best(lambda e=el: fpsim.encode(x, e, saturate=True), args.repeats)
         ml = getattr(ml_dtypes, el.name, None)
         t_ml = best(lambda m=ml: x.astype(m), args.repeats) if ml is not None else float("nan")
-        row = {"recipe": name, "element": el.name, "n": n, "recipe_Mps": n / t_rec / 1e6,
-               "element_Mps": n / t_el / 1e6, "ratio_to_element": t_el / t_rec,
-               "ml_dtypes_Mps": n / t_ml / 1e6, "ratio_to_ml_dtypes": t_ml / t_rec}
+        row = {
+            "recipe": name,
+            "element": el.name,
+            "n": n,
+            "recipe_Mps": n / t_rec / 1e6,
+            "element_Mps": n / t_el / 1e6,
+            "ratio_to_element": t_el / t_rec,
+            "ml_dtypes_Mps": n / t_ml / 1e6,
+            "ratio_to_ml_dtypes": t_ml / t_rec,
+        }
         rows.append(row)
-        print(f"{name:24s} {el.name:16s} {row['recipe_Mps']:10.1f} {row['element_Mps']:11.1f} "
-              f"{row['ratio_to_element']:5.2f}x {row['ml_dtypes_Mps']:13.1f} {row['ratio_to_ml_dtypes']:5.2f}x")
+        print(
+            f"{name:24s} {el.name:16s} {row['recipe_Mps']:10.1f} {row['element_Mps']:11.1f} "
+            f"{row['ratio_to_element']:5.2f}x {row['ml_dtypes_Mps']:13.1f} {row['ratio_to_ml_dtypes']:5.2f}x"
+        )
     if args.json:
         with open(args.json, "w") as fh:
             json.dump({"rows": rows}, fh, indent=2)

@@ -37,13 +37,17 @@ class ScaleRule(enum.Enum):
             ``cast(f32(x / s))`` (torchao AdamWFp8, DeepSeek-V3 inference kernels,
             linear INT8). A block whose amax is 0 has scale 0 and zero codes. A NaN in a
             block makes its amax NaN (torch.amax). Codebook elements (bitsandbytes) use
-            ``x * f32(1/absmax)`` instead, as bitsandbytes does.
+            ``x * f32(1/absmax)`` instead, as bitsandbytes' kernels do (its pure-torch path
+            divides in a ragged last block; fpsim multiplies there too).
         MX_FLOOR: OCP MX v1.0 section 6.3: ``2**(floor(log2 amax) - emax_elem)``.
         MX_CEIL: ``2**(ceil(log2 amax) - emax_elem)`` (torchao ScaleCalculationMode.CEIL).
         MX_EVEN: amax rounded half-up to the element's significand width first, then the
             floor rule (torchao ScaleCalculationMode.EVEN).
         MX_RCEIL: ``f32(amax * f32(1/elem_max))`` rounded up to a power of two
-            (Transformer Engine and cuBLAS MXFP8; torchao RCEIL).
+            (Transformer Engine and cuBLAS MXFP8; torchao RCEIL). Two corners differ from
+            TE: fpsim scales the elements of a block with scale code 0 by 2**127 (the code's
+            value) where TE multiplies by 1.0, and gives a block holding inf the NaN scale
+            0xFF where TE saturates to 0xFE.
         NVFP4: Transformer Engine NVFP4: FP32 tensor scale ``S_enc = f32(2688 / amax_t)``,
             E4M3 block scale ``e4m3(f32(amax_b * f32(S_enc * f32(1/6))))``, elements
             ``cast(f32(x * f32(1 / f32(s8 * f32(1/S_enc)))))``.
@@ -72,10 +76,14 @@ class Codebook:
     Args:
         name: e.g. ``"bnb_dynamic8"``.
         values: strictly increasing values, exactly representable in float32.
-        lut_bins: 0 encodes to the nearest entry (ties to the lower index, as bitsandbytes'
-            CUDA and pure-torch paths do). 65536 reproduces bitsandbytes 0.50.2's CPU
-            kernel, which snaps ``(v + 1) / 2`` to a grid of 65536 bins before the lookup
-            and so misses the nearest entry for about 0.15% of normal data.
+        lut_bins: 0 encodes to the nearest entry as bitsandbytes' CUDA kernel and
+            pure-torch path decide it: ``v`` against the float32 midpoints
+            ``f32((c[i] + c[i+1]) / 2)``, ties to the lower index. Where a midpoint rounded
+            up in float32, the one value equal to it goes to the lower entry although the
+            upper is nearer (54 values of the signed map, 43 of the unsigned). 65536
+            reproduces bitsandbytes 0.50.2's CPU kernel, which snaps ``(v + 1) / 2`` to a
+            grid of 65536 bins before the lookup and so misses the nearest entry for about
+            0.15% of normal data.
     """
 
     name: str

@@ -97,7 +97,9 @@ class DelayedScaling:
         """
         x = _as_f32(x)
         scale = _F32(state.scale)
-        codes = emulate.encode(x * scale, self._fmt, rounding=rounding, saturate=True, **kwargs)
+        with np.errstate(over="ignore", invalid="ignore"):  # x * FLT_MAX may overflow: saturates
+            scaled = x * scale
+        codes = emulate.encode(scaled, self._fmt, rounding=rounding, saturate=True, **kwargs)
         scale_inv = np.asarray(_F32(1) / scale).reshape(1).view(np.uint32)
         amax = np.fmax.reduce(np.abs(x), axis=None, initial=0, dtype=_F32)
         hist = state.history.astype(_F32, copy=True)
