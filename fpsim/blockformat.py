@@ -228,6 +228,7 @@ def _presets() -> tuple[BlockFormat, ...]:
         BlockFormat("bnb_dynamic8u_block256", bnb_u, (256,), ScaleRule.ABSMAX, flatten=True),
         BlockFormat("fp8_e4m3_block256", e4m3, (256,), ScaleRule.ABSMAX, eps=1e-12, flatten=True),
         BlockFormat("e4m3_tensor", e4m3, None, ScaleRule.TE),
+        BlockFormat("e4m3_tensor_pow2", e4m3, None, ScaleRule.TE, pow2=True),
         BlockFormat("e5m2_tensor", f["float8_e5m2"], None, ScaleRule.TE),
         BlockFormat("e4m3_row", e4m3, (-1,), ScaleRule.TE),
         BlockFormat("e4m3_block128", e4m3, (128,), ScaleRule.TE, pow2=True),

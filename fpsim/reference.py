@@ -60,9 +60,12 @@ def encode_scalar(
     """Code of ``x`` in ``fmt``, same meaning of every argument as :func:`fpsim.encode`.
 
     ``random_bits`` is the one uint32 word used by stochastic rounding for this element.
+    ``x`` may also be a ``fractions.Fraction`` (rounded exactly; float formats only), which is
+    how the tests check compound operations such as fused multiply-add.
     """
     fmt, mode = get_format(fmt), RoundMode.parse(rounding)
-    x = float(x)
+    exact = x if isinstance(x, Fraction) else None  # an exact rational input (finite)
+    x = float(x) if exact is None else (-1.0 if exact < 0 else 1.0)
     if isinstance(fmt, IntFormat):
         return _encode_int(x, fmt, mode, saturate, random_bits, stochastic_bits)
     negative = math.copysign(1.0, x) < 0
@@ -76,7 +79,7 @@ def encode_scalar(
         if saturate or fmt.encoding is Encoding.FINITE:
             return sign | fmt.code_of_max
         return sign | fmt.code_of_inf if fmt.has_inf else nan
-    v = abs(Fraction(x))
+    v = abs(Fraction(x)) if exact is None else abs(exact)
     if v == 0:
         if not fmt.has_zero:
             return nan

@@ -12,7 +12,8 @@ pooling and a linear head over 4 classes. Adam (betas 0.9/0.999, eps 1e-8), batc
 learning rate with 10 steps of linear warm-up to 3e-3 then cosine decay to 3e-4.
 
 Steps are numbered 1..``steps`` (the optimizer update count, which is also Adam's
-bias-correction step). Every ``every`` steps (10, 20, ..., 200 by default) the trace records,
+bias-correction step). Every ``every`` steps (10, 20, ..., 190 by default) and at each of
+the last ``window`` steps (191, ..., 200) the trace records,
 **before** ``optimizer.step()``: the gradients, the parameters they were computed at, Adam's
 ``exp_avg``/``exp_avg_sq`` after the previous update, the batch loss and the learning rate
 used for this update. So each recorded step holds exactly the inputs of its Adam update.
@@ -109,7 +110,12 @@ def _build_model() -> Any:
 
 
 def make_sample_trace(
-    path: str | os.PathLike[str], steps: int = 200, every: int = 10, seed: int = 0, overwrite: bool = False
+    path: str | os.PathLike[str],
+    steps: int = 200,
+    every: int = 10,
+    seed: int = 0,
+    overwrite: bool = False,
+    window: int = 10,
 ) -> Path:
     """Train the tiny transformer and record a trace of it (see the module docstring).
 
@@ -117,6 +123,9 @@ def make_sample_trace(
         path: the trace folder to create.
         steps: optimizer updates to run (numbered 1..steps).
         every: record every ``every`` updates.
+        window: also record each of the last ``window`` updates, so the trace ends with a run
+            of consecutive steps (what optimizer replay needs to check itself against the
+            recorded parameters).
         seed: seeds the data, the initialization and the batch order.
         overwrite: replace an existing trace in ``path`` (its manifest and step files only).
 
@@ -166,11 +175,12 @@ def make_sample_trace(
                 "optimizer_config": "Adam(betas=(0.9, 0.999), eps=1e-8, weight_decay=0)",
                 "lr_schedule": f"linear warm-up over {WARMUP} steps to {PEAK_LR}, cosine to {PEAK_LR / 10:g}",
                 "step_numbering": "1-based optimizer update count (= Adam's bias-correction step)",
+                "recorded_steps": f"every {every} updates and each of the last {window}",
                 "recorded": "before optimizer.step(): grads, params at which they were computed, "
                 "Adam state after the previous update, batch loss, lr of this update",
                 "dtype": "float32",
             }
-            with TorchCapture(model, out, every=every, params=True, optimizer=opt, metadata=meta) as cap:
+            with TorchCapture(model, out, every=1, params=True, optimizer=opt, metadata=meta) as cap:
                 for step in range(1, steps + 1):
                     for group in opt.param_groups:
                         group["lr"] = lr_at(step, steps)
@@ -178,7 +188,8 @@ def make_sample_trace(
                     loss = torch.nn.functional.cross_entropy(model(tokens[idx]), labels[idx])
                     opt.zero_grad()
                     loss.backward()
-                    cap.step(step, loss=loss)
+                    if step % every == 0 or step > steps - window:
+                        cap.step(step, loss=loss)
                     opt.step()
             with torch.no_grad():
                 logits = model(tokens)
@@ -197,13 +208,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("out", help="trace folder to write")
     ap.add_argument("--steps", type=int, default=200, help="optimizer updates (default 200)")
     ap.add_argument("--every", type=int, default=10, help="record every K updates (default 10)")
+    ap.add_argument("--window", type=int, default=10, help="also record each of the last W updates (default 10)")
     ap.add_argument("--seed", type=int, default=0, help="seed (default 0)")
     ap.add_argument("--overwrite", action="store_true", help="replace an existing trace in OUT")
     args = ap.parse_args(argv)
     from .importers import open_trace
 
     try:
-        out = make_sample_trace(args.out, args.steps, args.every, args.seed, overwrite=args.overwrite)
+        out = make_sample_trace(args.out, args.steps, args.every, args.seed, overwrite=args.overwrite,
+                                window=args.window)
     except FileExistsError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

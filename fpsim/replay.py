@@ -1,0 +1,517 @@
+"""Replay a recorded gradient sequence through emulated low-precision optimizers.
+
+:func:`replay` runs, side by side, an FP32 reference of the optimizer and each
+:class:`ReplayConfig` (states stored in a format or block recipe, master weights in a format
+with nearest or stochastic rounding and optional Kahan compensation, gradients in a format with
+static/dynamic loss scaling or FP8 scaling) on the same recorded gradients, and measures per
+step and tensor how far each drifts from the reference.
+
+Semantics, per recorded step ``s`` in order (steps are replayed as consecutive updates; Adam's
+update count is the trace's step number, which fpsim's capture records as the optimizer's
+1-based update count):
+
+1. Gradient: ``g`` as recorded (float32). A config with gradient format ``G`` and loss scale
+   ``S`` sees ``q = quantize(f32(g * S), G)``; any inf/NaN in any tensor skips the step for
+   that config (GradScaler) and updates the scaler; otherwise ``g' = f32(q * f32(1/S))``
+   (the optimizer works in FP32 on unscaled gradients). FP8 gradients take a block recipe
+   (``e5m2_tensor`` = current scaling) or :class:`fpsim.DelayedScaling` per tensor.
+2. Update in FP32 (:mod:`fpsim.optim`) on the dequantized states and the master value.
+3. States are re-encoded in their formats (nearest-even); tensors with fewer than
+   ``min_quantized_size`` elements keep FP32 states (bitsandbytes' ``min_8bit_size``).
+4. The master copy is rounded once from the FP32 result to its format (``master_rounding``);
+   with ``kahan`` the rounding error is carried in a compensation buffer of the same format.
+
+Initial parameters and states come from the trace's first replayed step when recorded
+("param", "state.exp_avg", ...), else zeros.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import math
+import zlib
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+import numpy as np
+
+from . import emulate
+from .blockformat import BlockFormat
+from .codec import decode, encode
+from .delayed import DelayedScaling
+from .formats import Format, get_format
+from .lossscale import LossScaler, ScalerState
+from .metrics import random_bits_at
+from .optim import AdamW, Optimizer
+from .rounding import RoundMode
+
+__all__ = ["ReplayConfig", "ReplayResult", "replay", "PRESETS", "memory_table"]
+
+_F32 = np.float32
+_STATE_FIELDS = {"exp_avg": "m", "exp_avg_sq": "v", "momentum_buffer": "momentum"}
+
+
+@dataclass(frozen=True)
+class ReplayConfig:
+    """One low-precision training configuration to replay.
+
+    Args:
+        name: label in the tables.
+        m, v, momentum: storage of Adam's first/second moment and SGD's momentum: an element
+            format or block recipe (name or object), e.g. ``"bnb_dynamic8_block256"``.
+        min_quantized_size: tensors with fewer elements keep FP32 states.
+        master: format of the optimizer's parameter copy (``"float32"``, ``"bfloat16"``, ...).
+        master_rounding: rounding of that copy (nearest_even or stochastic).
+        kahan: carry the master rounding error in a compensation buffer (Kahan summation).
+        master_overrides: ``(pattern, format)`` pairs; tensors whose name matches the
+            fnmatch pattern keep their master copy in that format (first match wins), e.g.
+            ``(("embed*", "float32"),)``.
+        weights: format of a separate forward copy of the weights, counted in the memory
+            table only (None: the master copy is the weights).
+        grad: gradient format or block recipe (``"float16"``, ``"e5m2_tensor"``, ...).
+        loss_scaler: static or dynamic loss scaling of the gradients.
+        grad_delayed: FP8 delayed scaling of the gradients (one state per tensor).
+    """
+
+    name: str
+    m: Any = "float32"
+    v: Any = "float32"
+    momentum: Any = "float32"
+    min_quantized_size: int = 0
+    master: Any = "float32"
+    master_rounding: RoundMode | str = RoundMode.NEAREST_EVEN
+    kahan: bool = False
+    master_overrides: tuple[tuple[str, Any], ...] = ()
+    weights: Any = None
+    grad: Any = "float32"
+    loss_scaler: LossScaler | None = None
+    grad_delayed: DelayedScaling | None = None
+
+    def state_format(self, state: str) -> Any:
+        return get_format(getattr(self, _STATE_FIELDS[state]))
+
+    def master_format(self, tensor: str) -> Format:
+        for pattern, fmt in self.master_overrides:
+            if fnmatch.fnmatchcase(tensor, pattern):
+                return get_format(fmt)
+        return get_format(self.master)
+
+
+PRESETS: dict[str, ReplayConfig] = {
+    c.name: c
+    for c in (
+        ReplayConfig("fp32"),
+        ReplayConfig("bf16-master", master="bfloat16"),
+        ReplayConfig("bf16-master-sr", master="bfloat16", master_rounding="stochastic"),
+        ReplayConfig("bf16-master-kahan", master="bfloat16", kahan=True),
+        ReplayConfig("bf16-states", m="bfloat16", v="bfloat16"),
+        ReplayConfig("int8-states", m="int8_block256", v="int8_block256"),
+        ReplayConfig("fp8-states", m="fp8_e4m3_block256", v="fp8_e4m3_block256"),
+        ReplayConfig(
+            "bnb-8bit", m="bnb_dynamic8_block256", v="bnb_dynamic8u_block256", min_quantized_size=4096
+        ),
+        ReplayConfig("bnb-8bit-all", m="bnb_dynamic8_block256", v="bnb_dynamic8u_block256"),
+        ReplayConfig("msamp-o2", m="e4m3_tensor_pow2", v="float16", master="float16"),
+        ReplayConfig("fp16-grads-dynamic", grad="float16", loss_scaler=LossScaler()),
+        ReplayConfig("fp8-grads-delayed", grad_delayed=DelayedScaling("float8_e5m2", history_len=16)),
+    )
+}
+"""Named configurations for ``fpsim replay --config NAME``."""
+
+
+@dataclass
+class _Stats:
+    """Per step x tensor x config sums, so that global metrics can be formed exactly."""
+
+    n: int = 0
+    p_err_sq: float = 0.0
+    p_ref_sq: float = 0.0
+    upd_dot: float = 0.0
+    upd_sq: float = 0.0
+    upd_ref_sq: float = 0.0
+    updates: int = 0
+    swamped: int = 0
+    state_nonzero: int = 0
+    state_zeroed: int = 0
+    state_err_sq: dict[str, float] = field(default_factory=dict)
+    state_ref_sq: dict[str, float] = field(default_factory=dict)
+
+
+@dataclass
+class ReplayResult:
+    """Per (step, tensor, config) statistics plus per (step, config) loss scale and skips.
+
+    ``final_params[config][tensor]`` and ``final_states[config][tensor][state]`` hold the
+    values after the last replayed step (float32, dequantized); config ``"reference"`` is the
+    FP32 reference.
+    """
+
+    trace: str
+    configs: list[ReplayConfig]
+    steps: list[int]
+    stats: dict[tuple[int, str, str], _Stats] = field(default_factory=dict)
+    scale: dict[tuple[int, str], float] = field(default_factory=dict)
+    skipped: dict[tuple[int, str], bool] = field(default_factory=dict)
+    sizes: dict[str, int] = field(default_factory=dict)
+    final_params: dict[str, dict[str, np.ndarray]] = field(default_factory=dict)
+    final_states: dict[str, dict[str, dict[str, np.ndarray]]] = field(default_factory=dict)
+
+    def table(self):
+        """Tidy DataFrame: step, tensor, config, metric, value."""
+        import pandas as pd
+
+        rows = []
+        for (step, tensor, cfg), s in sorted(self.stats.items()):
+            for metric, value in _metrics(s).items():
+                rows.append((step, tensor, cfg, metric, value))
+        for (step, cfg), scale in sorted(self.scale.items()):
+            rows.append((step, "*", cfg, "loss_scale", scale))
+            rows.append((step, "*", cfg, "skipped", float(self.skipped[step, cfg])))
+        return pd.DataFrame(rows, columns=["step", "tensor", "config", "metric", "value"])
+
+    def per_step(self, config: str) -> list[dict[str, float]]:
+        """Metrics over all tensors, one dict per step."""
+        out = []
+        for step in self.steps:
+            total = _sum(s for (st, _, c), s in self.stats.items() if st == step and c == config)
+            out.append(
+                {
+                    "step": step,
+                    **_metrics(total),
+                    "loss_scale": self.scale.get((step, config), 1.0),
+                    "skipped": float(self.skipped.get((step, config), False)),
+                }
+            )
+        return out
+
+    def summary(self) -> dict[str, Any]:
+        """One entry per configuration under ``results`` (JSON-ready)."""
+        mem = {r["config"]: r for r in memory_table(self.configs, self.sizes)}
+        results = []
+        for cfg in self.configs:
+            per_step = self.per_step(cfg.name)
+            total = _sum(s for (_, _, c), s in self.stats.items() if c == cfg.name)
+            cos = [r["update_cosine"] for r in per_step if not math.isnan(r["update_cosine"])]
+            results.append(
+                {
+                    "config": cfg.name,
+                    "steps": len(self.steps),
+                    "final_param_rel_error": per_step[-1]["param_rel_error"] if per_step else 0.0,
+                    "mean_update_cosine": float(np.mean(cos)) if cos else float("nan"),
+                    "swamped_share": total.swamped / total.updates if total.updates else 0.0,
+                    "zero_state_share": total.state_zeroed / total.state_nonzero
+                    if total.state_nonzero
+                    else 0.0,
+                    "skipped_steps": sum(self.skipped.get((s, cfg.name), False) for s in self.steps),
+                    "final_loss_scale": per_step[-1]["loss_scale"] if per_step else 1.0,
+                    "bytes_per_param": mem[cfg.name]["total"],
+                }
+            )
+        return {"trace": self.trace, "parameters": sum(self.sizes.values()), "results": _json_safe(results)}
+
+
+def _json_safe(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return [
+        {k: (str(v) if isinstance(v, float) and not math.isfinite(v) else v) for k, v in r.items()}
+        for r in rows
+    ]
+
+
+def _sum(stats: Iterable[_Stats]) -> _Stats:
+    out = _Stats()
+    for s in stats:
+        for name in (
+            "n",
+            "p_err_sq",
+            "p_ref_sq",
+            "upd_dot",
+            "upd_sq",
+            "upd_ref_sq",
+            "updates",
+            "swamped",
+            "state_nonzero",
+            "state_zeroed",
+        ):
+            setattr(out, name, getattr(out, name) + getattr(s, name))
+        for name in ("state_err_sq", "state_ref_sq"):
+            d = getattr(out, name)
+            for k, v in getattr(s, name).items():
+                d[k] = d.get(k, 0.0) + v
+    return out
+
+
+def _metrics(s: _Stats) -> dict[str, float]:
+    out = {
+        "param_rel_error": math.sqrt(s.p_err_sq / s.p_ref_sq) if s.p_ref_sq else math.sqrt(s.p_err_sq),
+        "update_cosine": s.upd_dot / math.sqrt(s.upd_sq * s.upd_ref_sq)
+        if s.upd_sq and s.upd_ref_sq
+        else float("nan"),
+        "swamped_share": s.swamped / s.updates if s.updates else 0.0,
+        "zero_state_share": s.state_zeroed / s.state_nonzero if s.state_nonzero else 0.0,
+    }
+    for k, err in s.state_err_sq.items():
+        ref = s.state_ref_sq.get(k, 0.0)
+        out[f"{k}_rel_error"] = math.sqrt(err / ref) if ref else math.sqrt(err)
+    return out
+
+
+# --- memory ------------------------------------------------------------------------------
+
+
+def _bytes(fmt: Any) -> float:
+    fmt = get_format(fmt)
+    return fmt.bytes_per_element
+
+
+def memory_table(configs: Sequence[ReplayConfig], sizes: dict[str, int], optimizer: Optimizer | None = None):
+    """Bytes per parameter of each configuration: weights, grads, states, master copy, total.
+
+    Block recipes count their scales (``BlockFormat.bytes_per_element``); tensors below
+    ``min_quantized_size`` count FP32 states; per-tensor master overrides are weighted by size.
+    """
+    optimizer = optimizer or AdamW()
+    total = sum(sizes.values()) or 1
+    rows = []
+    for c in configs:
+        master = sum(_bytes(c.master_format(n)) * k for n, k in sizes.items()) / total
+        states = 0.0
+        for st in optimizer.states:
+            fmt = c.state_format(st)
+            states += (
+                sum((_bytes(fmt) if k >= c.min_quantized_size else 4.0) * k for k in sizes.values()) / total
+            )
+        grad = (
+            _bytes(c.grad) if c.grad_delayed is None else get_format(c.grad_delayed.element).bytes_per_element
+        )
+        weights = _bytes(c.weights) if c.weights is not None else 0.0
+        comp = master if c.kahan else 0.0
+        rows.append(
+            {
+                "config": c.name,
+                "weights": weights,
+                "master": master,
+                "grads": grad,
+                "states": states,
+                "kahan_buffer": comp,
+                "total": weights + master + grad + states + comp,
+            }
+        )
+    return rows
+
+
+# --- the replay ---------------------------------------------------------------------------
+
+
+@dataclass
+class _Run:
+    cfg: ReplayConfig
+    master: dict[str, np.ndarray] = field(default_factory=dict)  # stored values (float32)
+    comp: dict[str, np.ndarray] = field(default_factory=dict)
+    states: dict[str, dict[str, Any]] = field(default_factory=dict)  # name -> state -> encoded
+    scaler: ScalerState | None = None
+    delayed: dict[str, Any] = field(default_factory=dict)
+
+
+def replay(
+    trace: Any = None,
+    configs: Sequence[ReplayConfig | str] = ("bf16-master", "bnb-8bit-all", "fp8-states"),
+    *,
+    optimizer: Optimizer | None = None,
+    lr: float | None = None,
+    steps: Iterable[int] | None = None,
+    seed: int = 0,
+    progress: bool = True,
+) -> ReplayResult:
+    """Replay ``trace``'s gradients through ``configs`` next to an FP32 reference.
+
+    Args:
+        trace: trace path or :class:`fpsim.trace.Trace` (None: the bundled sample).
+        configs: :class:`ReplayConfig` objects or names of :data:`PRESETS`.
+        optimizer: :class:`fpsim.optim.Adam`, ``AdamW`` or ``SGD`` (default AdamW()).
+        lr: learning rate for every step; None uses the trace's recorded lr per step.
+        steps: the recorded steps to replay (default all), replayed in increasing order.
+        seed: base seed of stochastic rounding (counter-based, per step and tensor).
+        progress: show a progress bar.
+    """
+    from tqdm.auto import tqdm
+
+    from .trace import Trace, open_trace, sample_trace_path
+
+    tr = trace if isinstance(trace, Trace) else open_trace(sample_trace_path() if trace is None else trace)
+    optimizer = optimizer or AdamW()
+    cfgs = [PRESETS[c] if isinstance(c, str) and c in PRESETS else c for c in configs]
+    for c in cfgs:
+        if not isinstance(c, ReplayConfig):
+            raise ValueError(f"unknown replay configuration {c!r}; presets: {', '.join(PRESETS)}")
+    wanted = sorted(tr.steps if steps is None else set(steps))
+    missing = [s for s in wanted if s not in tr.steps]
+    if missing:
+        raise ValueError(f"{tr.path}: steps {missing} are not in the trace (it has {tr.steps})")
+    names = [e.name for e in tr.entries(step=wanted[0], role="grad")]
+    first = wanted[0]
+    params, ref_states = {}, {}
+    for name in names:
+        g = tr.entry(first, name, "grad")
+        params[name] = _initial(tr, first, name, "param", g.shape)
+        ref_states[name] = {st: _initial(tr, first, name, f"state.{st}", g.shape) for st in optimizer.states}
+    result = ReplayResult(str(tr.path), cfgs, wanted, sizes={n: int(params[n].size) for n in names})
+    runs = [_start(c, params, ref_states, optimizer) for c in cfgs]
+    bar = tqdm(total=len(wanted) * len(names), disable=not progress, desc="replay", unit="tensor-step")
+    for step in wanted:
+        lr_s = lr if lr is not None else tr.lr(step)
+        if lr_s is None:
+            raise ValueError(f"{tr.path}: step {step} has no recorded lr; pass lr=")
+        grads = {}
+        for name in names:
+            g = np.asarray(tr.read(tr.entry(step, name, "grad")), _F32)
+            if g.shape != params[name].shape:
+                raise ValueError(
+                    f"{tr.path}: step {step} gradient {name!r} has shape {g.shape}, "
+                    f"expected {params[name].shape}"
+                )
+            grads[name] = g
+        ref_new = {}
+        for name in names:
+            p_new, s_new = optimizer.step(params[name], grads[name], ref_states[name], lr_s, step)
+            ref_new[name] = (p_new, s_new)
+        for run in runs:
+            _step_config(run, optimizer, step, lr_s, grads, params, ref_new, seed, result)
+        for name in names:
+            params[name], ref_states[name] = ref_new[name]
+            bar.update(1)
+    bar.close()
+    result.final_params["reference"] = params
+    result.final_states["reference"] = ref_states
+    for run in runs:
+        result.final_params[run.cfg.name] = run.master
+        result.final_states[run.cfg.name] = {
+            n: {st: _load_state(run.cfg, st, v) for st, v in sts.items()} for n, sts in run.states.items()
+        }
+    return result
+
+
+def _initial(tr: Any, step: int, name: str, role: str, shape: tuple) -> np.ndarray:
+    try:
+        entry = tr.entry(step, name, role)
+    except (KeyError, LookupError, ValueError):
+        return np.zeros(shape, _F32)
+    return np.array(tr.read(entry), _F32)
+
+
+def _is_quantized(cfg: ReplayConfig, fmt: Any, size: int) -> bool:
+    return size >= cfg.min_quantized_size and not (isinstance(fmt, Format) and fmt.name == "float32")
+
+
+def _store_state(cfg: ReplayConfig, st: str, x: np.ndarray) -> Any:
+    fmt = cfg.state_format(st)
+    return encode(x, fmt) if _is_quantized(cfg, fmt, x.size) else x
+
+
+def _load_state(cfg: ReplayConfig, st: str, stored: Any) -> np.ndarray:
+    fmt = cfg.state_format(st)
+    if isinstance(stored, np.ndarray) and stored.dtype == _F32:
+        return stored
+    return decode(stored, fmt)
+
+
+def _start(cfg: ReplayConfig, params, ref_states, optimizer) -> _Run:
+    run = _Run(cfg, scaler=cfg.loss_scaler.init() if cfg.loss_scaler else None)
+    for name, p in params.items():
+        run.master[name] = emulate.quantize(p, cfg.master_format(name))
+        if cfg.kahan:
+            run.comp[name] = np.zeros_like(p)
+        run.states[name] = {st: _store_state(cfg, st, ref_states[name][st]) for st in optimizer.states}
+        if cfg.grad_delayed is not None:
+            run.delayed[name] = cfg.grad_delayed.init()
+    return run
+
+
+def _grad(run: _Run, name: str, g: np.ndarray) -> tuple[np.ndarray, bool]:
+    cfg = run.cfg
+    if cfg.grad_delayed is not None:
+        enc, run.delayed[name] = cfg.grad_delayed.step(run.delayed[name], g)
+        return (emulate.decode(enc.codes, cfg.grad_delayed.element) * _F32(enc.scales.view(_F32)[0])), False
+    fmt = get_format(cfg.grad)
+    if isinstance(fmt, BlockFormat):
+        q = decode(encode(g, fmt), fmt)
+        return q, not bool(np.isfinite(q).all())
+    if fmt.name == "float32" and run.scaler is None:
+        return g, not bool(np.isfinite(g).all())
+    scale = _F32(run.scaler.scale) if run.scaler else _F32(1)
+    with np.errstate(over="ignore", invalid="ignore"):
+        q = emulate.quantize(g * scale, fmt)
+        inf = not bool(np.isfinite(q).all())
+        return (q * run.scaler.inv_scale if run.scaler else q), inf
+
+
+def _step_config(run, optimizer, step, lr, grads, params, ref_new, seed, result) -> None:
+    cfg = run.cfg
+    unscaled, found_inf = {}, False
+    for name, g in grads.items():
+        unscaled[name], inf = _grad(run, name, g)
+        found_inf |= inf
+    scale = run.scaler.scale if run.scaler else 1.0
+    skip = found_inf and run.scaler is not None
+    result.scale[step, cfg.name] = scale
+    result.skipped[step, cfg.name] = skip
+    if run.scaler is not None:
+        run.scaler = cfg.loss_scaler.update(run.scaler, found_inf)
+    mode = RoundMode.parse(cfg.master_rounding)
+    for name in grads:
+        p_old = run.master[name]
+        p_ref_old, (p_ref, s_ref) = params[name], ref_new[name]
+        s = _Stats(n=p_old.size)
+        if skip:
+            p_new, states_new = p_old, {st: _load_state(cfg, st, v) for st, v in run.states[name].items()}
+        else:
+            states = {st: _load_state(cfg, st, v) for st, v in run.states[name].items()}
+            p_f32, states_new = optimizer.step(p_old, unscaled[name], states, lr, step)
+            p_new = _round_master(run, name, p_old, p_f32, mode, seed ^ zlib.crc32(f"{step}:{name}".encode()))
+            run.states[name] = {st: _store_state(cfg, st, v) for st, v in states_new.items()}
+            intended = p_f32 != p_old
+            s.updates = int(np.count_nonzero(intended))
+            s.swamped = int(np.count_nonzero(intended & (p_new == p_old)))
+            for st, v in states_new.items():
+                stored = _load_state(cfg, st, run.states[name][st])
+                nz = v != 0
+                s.state_nonzero += int(np.count_nonzero(nz))
+                s.state_zeroed += int(np.count_nonzero(nz & (stored == 0)))
+            states_new = {st: _load_state(cfg, st, run.states[name][st]) for st in states_new}
+        run.master[name] = p_new
+        d = _f64(p_new) - p_ref.reshape(-1)
+        s.p_err_sq, s.p_ref_sq = _dot(d, d), _dot(_f64(p_ref), _f64(p_ref))
+        u, ur = _f64(p_new) - p_old.reshape(-1), _f64(p_ref) - p_ref_old.reshape(-1)
+        s.upd_dot, s.upd_sq, s.upd_ref_sq = _dot(u, ur), _dot(u, u), _dot(ur, ur)
+        for st, v in states_new.items():
+            e = _f64(v) - s_ref[st].reshape(-1)
+            s.state_err_sq[st], s.state_ref_sq[st] = _dot(e, e), _dot(_f64(s_ref[st]), _f64(s_ref[st]))
+        result.stats[step, name, cfg.name] = s
+
+
+def _f64(a: np.ndarray) -> np.ndarray:
+    return np.asarray(a, np.float64).reshape(-1)
+
+
+def _dot(a: np.ndarray, b: np.ndarray) -> float:
+    return float(np.dot(a, b))
+
+
+def _round_master(run: _Run, name: str, p_old, p_f32, mode: RoundMode, seed: int) -> np.ndarray:
+    cfg = run.cfg
+    fmt = cfg.master_format(name)
+    kw: dict[str, Any] = {"rounding": mode}
+    if mode is RoundMode.STOCHASTIC:
+        kw["random_bits"] = random_bits_at(seed, 0, p_f32.size).reshape(p_f32.shape)
+    if not cfg.kahan:
+        return emulate.quantize(p_f32, fmt, **kw)
+    # Kahan: y = update + carried error; new = fl(p + y); error = y - (new - p), stored in fmt
+    y = (p_f32.astype(np.float64) - p_old) + run.comp[name]
+    new = emulate.quantize(p_old.astype(np.float64) + y, fmt, **kw)
+    run.comp[name] = emulate.quantize(y - (new.astype(np.float64) - p_old), fmt)
+    return new
+
+
+def with_name(cfg: ReplayConfig, name: str) -> ReplayConfig:
+    """A copy of ``cfg`` under another name."""
+    return replace(cfg, name=name)
