@@ -163,7 +163,7 @@ def test_cli_writes_every_output_and_json_has_the_required_keys(tmp_path, capsys
 def test_cli_prints_a_readable_table(tmp_path, capsys):
     assert main(["analyze", "--format", "bfloat16", "--out", str(tmp_path), "--quiet"]) == 0
     out = capsys.readouterr().out
-    assert "20 steps, 18 tensors" in out and "bfloat16" in out and "underflow" in out
+    assert "29 steps, 18 tensors" in out and "bfloat16" in out and "underflow" in out
 
 
 def _npz_trace(folder: Path, arrays: dict[str, np.ndarray]) -> Path:
