@@ -37,7 +37,7 @@ from typing import Any
 import numpy as np
 
 from . import emulate
-from .blockformat import BlockFormat
+from .blockformat import RECIPES, BlockFormat, Codebook
 from .codec import decode, encode
 from .delayed import DelayedScaling
 from .formats import Format, get_format
@@ -112,6 +112,12 @@ PRESETS: dict[str, ReplayConfig] = {
             "bnb-8bit", m="bnb_dynamic8_block256", v="bnb_dynamic8u_block256", min_quantized_size=4096
         ),
         ReplayConfig("bnb-8bit-all", m="bnb_dynamic8_block256", v="bnb_dynamic8u_block256"),
+        ReplayConfig(
+            "bnb-8bit-cpu",
+            m=replace(RECIPES["bnb_dynamic8_block256"], element=Codebook.bnb_dynamic(True, lut_bins=65536)),
+            v=replace(RECIPES["bnb_dynamic8u_block256"], element=Codebook.bnb_dynamic(False, lut_bins=65536)),
+            min_quantized_size=4096,
+        ),
         ReplayConfig("msamp-o2", m="e4m3_tensor_pow2", v="float16", master="float16"),
         ReplayConfig("fp16-grads-dynamic", grad="float16", loss_scaler=LossScaler()),
         ReplayConfig("fp8-grads-delayed", grad_delayed=DelayedScaling("float8_e5m2", history_len=16)),
