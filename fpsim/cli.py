@@ -186,8 +186,68 @@ def _cmd_analyze(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_replay(args: argparse.Namespace) -> int:
+    from .lossscale import LossScaler
+    from .optim import get_optimizer
+    from .replay import PRESETS, ReplayConfig, replay
+    from .replay_report import replay_text, write_replay_report
+
+    configs: list = list(args.config or [])
+    custom = {}
+    for item in args.state or []:
+        for part in item.split(","):
+            key, sep, fmt = part.partition("=")
+            if not sep or key not in ("m", "v", "momentum"):
+                raise ValueError(f"--state takes m=FORMAT,v=FORMAT (or momentum=FORMAT), got {part!r}")
+            custom[key] = fmt
+    if args.master:
+        custom["master"] = args.master
+    if args.master_rounding:
+        custom["master_rounding"] = args.master_rounding
+    if args.kahan:
+        custom["kahan"] = True
+    if args.grad:
+        custom["grad"] = args.grad
+    if args.loss_scale != "none":
+        custom["loss_scaler"] = LossScaler(dynamic=args.loss_scale == "dynamic")
+    if custom:
+        configs.append(ReplayConfig("custom", **custom))
+    if not configs:
+        configs = [
+            "bf16-master",
+            "bf16-master-sr",
+            "bf16-master-kahan",
+            "bnb-8bit-all",
+            "fp8-states",
+            "int8-states",
+        ]
+    kwargs = {"weight_decay": args.weight_decay} if args.weight_decay is not None else {}
+    opt = get_optimizer(args.optimizer, **kwargs)
+    steps = None
+    if args.steps:
+        lo, _, hi = args.steps.partition(":")
+        steps = range(int(lo), int(hi) + 1) if hi else [int(lo)]
+    for c in configs:
+        if isinstance(c, str) and c not in PRESETS:
+            raise ValueError(f"unknown --config {c!r}; presets: {', '.join(PRESETS)}")
+    result = replay(args.trace, configs, optimizer=opt, lr=args.lr, steps=steps, progress=not args.quiet)
+    paths = write_replay_report(result, args.out)
+    if args.json:
+        print(json.dumps(result.summary(), indent=2))
+    else:
+        print(replay_text(result))
+        print(f"\nwrote {', '.join(str(p) for p in paths.values())}")
+    return 0
+
+
 def _int(text: str) -> int:
     return int(text, 0)
+
+
+def _replay_presets() -> list[str]:
+    from .replay import PRESETS
+
+    return list(PRESETS)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -240,6 +300,31 @@ def build_parser() -> argparse.ArgumentParser:
     a.add_argument("--no-swamping", action="store_true", help="skip the swamping estimate")
     a.add_argument("--quiet", action="store_true", help="no progress bar")
     a.set_defaults(run=_cmd_analyze)
+
+    r = sub.add_parser("replay", help="replay a trace's gradients through low-precision optimizers vs FP32")
+    r.add_argument("trace", nargs="?", default=None, help="trace (default: the bundled sample trace)")
+    r.add_argument("--optimizer", default="adamw", choices=["adam", "adamw", "sgd"])
+    r.add_argument("--weight-decay", type=float, default=None, help="default: the optimizer's own")
+    r.add_argument("--lr", type=float, default=None, help="learning rate (default: the trace's per step)")
+    r.add_argument(
+        "--config",
+        action="append",
+        metavar="NAME",
+        help="preset configuration (repeatable): " + ", ".join(_replay_presets()),
+    )
+    r.add_argument(
+        "--state", action="append", metavar="m=F,v=F", help="state formats of a custom configuration"
+    )
+    r.add_argument("--master", metavar="F", help="master-weight format of the custom configuration")
+    r.add_argument("--master-rounding", choices=["nearest_even", "stochastic"], default=None)
+    r.add_argument("--kahan", action="store_true", help="Kahan-compensated master weights")
+    r.add_argument("--grad", metavar="F", help="gradient format or recipe of the custom configuration")
+    r.add_argument("--loss-scale", choices=["none", "static", "dynamic"], default="none")
+    r.add_argument("--steps", metavar="A:B", help="replay the recorded steps A..B (inclusive)")
+    r.add_argument("--out", default="fpsim-replay", help="output folder (default: fpsim-replay)")
+    r.add_argument("--json", action="store_true", help="print the JSON summary instead of the table")
+    r.add_argument("--quiet", action="store_true", help="no progress bar")
+    r.set_defaults(run=_cmd_replay)
 
     names = [n for n, f in FORMATS.items() if isinstance(f, Format)]
     e = sub.add_parser("exhaustive", help="compare all 2**32 float32 inputs with ml_dtypes (opt-in, ~1 min)")

@@ -3,6 +3,8 @@ memory by hand."""
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
 
@@ -174,3 +176,52 @@ def test_unknown_config_and_missing_lr_are_clear_errors(tmp_path):
     with pytest.raises(ValueError, match="no recorded lr"):
         replay(trace, ["fp32"], progress=False)
     assert replay(trace, [ReplayConfig("x")], lr=0.1, progress=False).summary()["results"][0]["steps"] == 1
+
+
+def test_cli_replay_json_and_files(tmp_path, capsys):
+    from fpsim.cli import main
+
+    out = tmp_path / "r"
+    code = main(
+        [
+            "replay",
+            "--optimizer",
+            "adam",
+            "--config",
+            "bf16-master",
+            "--config",
+            "fp8-states",
+            "--state",
+            "m=bnb_dynamic8_block256,v=bnb_dynamic8u_block256",
+            "--master",
+            "bfloat16",
+            "--master-rounding",
+            "stochastic",
+            "--steps",
+            "191:200",
+            "--out",
+            str(out),
+            "--json",
+            "--quiet",
+        ]
+    )
+    assert code == 0
+    summary = json.loads(capsys.readouterr().out)
+    assert [r["config"] for r in summary["results"]] == ["bf16-master", "fp8-states", "custom"]
+    keys = {
+        "config",
+        "steps",
+        "final_param_rel_error",
+        "mean_update_cosine",
+        "swamped_share",
+        "zero_state_share",
+        "skipped_steps",
+        "bytes_per_param",
+    }
+    for r in summary["results"]:
+        assert keys <= set(r) and r["steps"] == 10
+    assert summary["results"][2]["bytes_per_param"] == pytest.approx(2 + 4 + 2 * (1 + 4 / 256))
+    for name in ("replay.csv", "summary.json", "memory.csv", "report.md", "divergence.png"):
+        assert (out / name).exists(), name
+    assert main(["replay", "--state", "q=float16", "--out", str(out), "--quiet"]) == 2
+    assert "--state takes m=FORMAT" in capsys.readouterr().err
