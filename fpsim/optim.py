@@ -35,14 +35,28 @@ _sqrt = np.sqrt  # correctly rounded (IEEE 754 squareRoot); tests swap in torch'
 def fma32(a, b, c) -> np.ndarray:
     """``float32(a * b + c)`` with one rounding (IEEE 754 fusedMultiplyAdd, section 5.4.1).
 
-    The product of two float32 values is exact in float64; the float64 sum with ``c`` is made
-    round-to-odd (TwoSum gives its exact error; an inexact even result steps one ulp toward
-    the error), and 53 >= 24 + 2 bits make the final nearest-even rounding to float32 equal
-    the single rounding of the exact value (Boldo & Melquiond, "Emulation of FMA and
-    correctly rounded sums", 2008).
+    The product of two float32 values is exact in float64, so ``r = fl64(a*b + c)`` is the
+    exact value rounded once to 53 bits. Rounding ``r`` to float32 gives the correctly rounded
+    result unless ``r`` is exactly a float32 midpoint (no midpoint can lie strictly between the
+    exact value and its nearest float64), or the result is float32-subnormal; those few
+    elements are redone with round-to-odd (TwoSum gives the exact error; an inexact even
+    result steps one ulp toward it), after which the float32 rounding is exact (53 >= 24 + 2;
+    Boldo & Melquiond, "Emulation of FMA and correctly rounded sums", 2008). Tested against
+    exact rationals.
     """
-    p = np.asarray(a, np.float64) * np.asarray(b, np.float64)
-    c = np.asarray(c, np.float64)
+    p = np.multiply(a, b, dtype=np.float64)
+    c64 = np.asarray(c, np.float64)
+    r = p + c64
+    out = r.astype(_F32)
+    bits = r.view(np.uint64)
+    risky = ((bits & np.uint64(0x1FFFFFFF)) == np.uint64(0x10000000)) | (np.abs(r) < 2.0**-125)
+    if risky.any():
+        pb, cb = np.broadcast_to(p, r.shape)[risky], np.broadcast_to(c64, r.shape)[risky]
+        out[risky] = _fma32_odd(pb, cb)
+    return out
+
+
+def _fma32_odd(p: np.ndarray, c: np.ndarray) -> np.ndarray:
     with np.errstate(invalid="ignore", over="ignore"):
         s = p + c
         bb = s - p
@@ -50,8 +64,7 @@ def fma32(a, b, c) -> np.ndarray:
         bits = s.view(np.int64)
         fix = (err != 0) & np.isfinite(err) & ((bits & 1) == 0)
         toward = np.where((err > 0) == (s > 0), 1, -1)
-        s = np.where(fix, (bits + toward).view(np.float64), s)
-        return s.astype(_F32)
+        return np.where(fix, (bits + toward).view(np.float64), s).astype(_F32)
 
 
 @dataclass(frozen=True)

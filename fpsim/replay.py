@@ -315,6 +315,7 @@ class _Run:
     master: dict[str, np.ndarray] = field(default_factory=dict)  # stored values (float32)
     comp: dict[str, np.ndarray] = field(default_factory=dict)
     states: dict[str, dict[str, Any]] = field(default_factory=dict)  # name -> state -> encoded
+    loaded: dict[str, dict[str, np.ndarray]] = field(default_factory=dict)  # their float32 values
     scaler: ScalerState | None = None
     delayed: dict[str, Any] = field(default_factory=dict)
 
@@ -391,9 +392,7 @@ def replay(
     result.final_states["reference"] = ref_states
     for run in runs:
         result.final_params[run.cfg.name] = run.master
-        result.final_states[run.cfg.name] = {
-            n: {st: _load_state(run.cfg, st, v) for st, v in sts.items()} for n, sts in run.states.items()
-        }
+        result.final_states[run.cfg.name] = run.loaded
     return result
 
 
@@ -428,6 +427,7 @@ def _start(cfg: ReplayConfig, params, ref_states, optimizer) -> _Run:
         if cfg.kahan:
             run.comp[name] = np.zeros_like(p)
         run.states[name] = {st: _store_state(cfg, st, ref_states[name][st]) for st in optimizer.states}
+        run.loaded[name] = {st: _load_state(cfg, st, v) for st, v in run.states[name].items()}
         if cfg.grad_delayed is not None:
             run.delayed[name] = cfg.grad_delayed.init()
     return run
@@ -469,21 +469,22 @@ def _step_config(run, optimizer, step, lr, grads, params, ref_new, seed, result)
         p_ref_old, (p_ref, s_ref) = params[name], ref_new[name]
         s = _Stats(n=p_old.size)
         if skip:
-            p_new, states_new = p_old, {st: _load_state(cfg, st, v) for st, v in run.states[name].items()}
+            p_new, states_new = p_old, run.loaded[name]
         else:
-            states = {st: _load_state(cfg, st, v) for st, v in run.states[name].items()}
-            p_f32, states_new = optimizer.step(p_old, unscaled[name], states, lr, step)
+            p_f32, exact = optimizer.step(p_old, unscaled[name], run.loaded[name], lr, step)
             p_new = _round_master(run, name, p_old, p_f32, mode, seed ^ zlib.crc32(f"{step}:{name}".encode()))
-            run.states[name] = {st: _store_state(cfg, st, v) for st, v in states_new.items()}
+            run.states[name] = {st: _store_state(cfg, st, v) for st, v in exact.items()}
+            states_new = {st: _load_state(cfg, st, v) for st, v in run.states[name].items()}
+            run.loaded[name] = states_new
             intended = p_f32 != p_old
             s.updates = int(np.count_nonzero(intended))
             s.swamped = int(np.count_nonzero(intended & (p_new == p_old)))
-            for st, v in states_new.items():
-                stored = _load_state(cfg, st, run.states[name][st])
+            for st, v in exact.items():
+                if states_new[st] is v:  # stored as float32: nothing was rounded
+                    continue
                 nz = v != 0
                 s.state_nonzero += int(np.count_nonzero(nz))
-                s.state_zeroed += int(np.count_nonzero(nz & (stored == 0)))
-            states_new = {st: _load_state(cfg, st, run.states[name][st]) for st in states_new}
+                s.state_zeroed += int(np.count_nonzero(nz & (states_new[st] == 0)))
         run.master[name] = p_new
         d = _f64(p_new) - p_ref.reshape(-1)
         s.p_err_sq, s.p_ref_sq = _dot(d, d), _dot(_f64(p_ref), _f64(p_ref))

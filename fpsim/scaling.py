@@ -208,8 +208,10 @@ def _codebook(xb, amax, book: Codebook, mode: RoundMode, rand, nbits: int):
 
 def _codebook_round(v, c, mode: RoundMode, rand, nbits: int) -> np.ndarray:
     if mode is _R.NEAREST_EVEN:
-        mid = (c[:-1] + c[1:]) / _F32(2)
-        return np.searchsorted(mid, v, side="left").astype(np.uint8)
+        base, thr = _nearest_buckets(c)
+        key = v.astype(_F32, copy=False).view(np.uint32) >> np.uint32(16)
+        q = base[key] + (v > thr[key])
+        return np.where(np.isnan(v), c.size - 1, q).astype(np.uint8)
     if mode not in (_R.STOCHASTIC, _R.TOWARD_ZERO, _R.TOWARD_POSITIVE, _R.TOWARD_NEGATIVE):
         raise ValueError(
             f"codebook elements take rounding nearest_even, stochastic or a directed mode, got {mode.value}"
@@ -228,6 +230,35 @@ def _codebook_round(v, c, mode: RoundMode, rand, nbits: int) -> np.ndarray:
         up = (~exact) & (v < 0)
     q = lo + (up & ~exact)
     return np.where(v < c[0], 0, q).astype(np.uint8)  # below the first entry: it is the only one
+
+
+_BUCKETS: dict[bytes, tuple[np.ndarray, np.ndarray]] = {}
+
+
+def _nearest_buckets(c: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """O(1) form of ``searchsorted(f32 midpoints, v, side="left")`` for float32 ``v``.
+
+    The float32 values sharing their top 16 bits form an interval; over it the index is a
+    step function with at most one step for these codebooks, so index = ``base[key] +
+    (v > thr[key])`` (``thr`` = the midpoint inside the interval, or +inf). Built once per
+    codebook; intervals holding two or more midpoints are refused (they do not occur in the
+    bitsandbytes maps; the tests compare with searchsorted on every float32 bucket edge).
+    """
+    k = c.tobytes()
+    if k not in _BUCKETS:
+        mid = (c[:-1] + c[1:]) / _F32(2)
+        keys = np.arange(1 << 16, dtype=np.uint32) << np.uint32(16)
+        a, b = keys.view(_F32), (keys | np.uint32(0xFFFF)).view(_F32)
+        lo, hi = np.minimum(a, b), np.maximum(a, b)
+        with np.errstate(invalid="ignore"):
+            q_lo = np.searchsorted(mid, lo, side="left")
+            q_hi = np.searchsorted(mid, hi, side="left")
+        finite = np.isfinite(lo) & np.isfinite(hi)
+        if np.any(finite & (q_hi - q_lo > 1)):
+            raise ValueError("codebook too dense for the bucket lookup")
+        thr = np.where(q_hi > q_lo, mid[np.minimum(q_lo, mid.size - 1)], np.inf).astype(_F32)
+        _BUCKETS[k] = (q_lo.astype(np.int64), thr)
+    return _BUCKETS[k]
 
 
 _LUTS: dict[tuple, np.ndarray] = {}

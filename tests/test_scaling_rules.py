@@ -745,3 +745,29 @@ def test_codebook_stochastic_rounding_unbiased():
     err = np.abs(mean - row)
     assert np.all(err <= 6 * gap / 2 / np.sqrt(m) + 1e-12), np.max(err / gap)
     assert np.all((t[bc.codes] == t[lo]) | (t[bc.codes] == t[lo + 1]))  # only the two neighbours
+
+
+@pytest.mark.parametrize("signed", [True, False], ids=["signed", "unsigned"])
+def test_codebook_bucket_lookup_equals_searchsorted_on_every_bucket_edge(signed):
+    """The O(1) nearest lookup (top 16 bits of the float32 pick a bucket) against numpy's
+    searchsorted over the float32 midpoints, on both ends of every bucket, every midpoint and
+    its neighbours, and random values."""
+    from fpsim.rounding import RoundMode
+    from fpsim.scaling import _codebook_round
+
+    c = Codebook.bnb_dynamic(signed).table
+    mid = (c[:-1] + c[1:]) / F32(2)
+    keys = np.arange(1 << 16, dtype=np.uint32) << np.uint32(16)
+    v = np.concatenate(
+        [
+            keys.view(F32),
+            (keys | np.uint32(0xFFFF)).view(F32),
+            mid,
+            np.nextafter(mid, F32(2)),
+            np.nextafter(mid, F32(-2)),
+            np.random.default_rng(0).uniform(-1, 1, 100_000).astype(F32),
+        ]
+    )
+    v = np.clip(v[np.isfinite(v)], -1, 1).astype(F32)
+    got = _codebook_round(v, c, RoundMode.NEAREST_EVEN, None, 32)
+    R.assert_hex_equal(got, np.searchsorted(mid, v, side="left"), "bucket lookup", inputs=v)

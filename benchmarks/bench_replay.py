@@ -1,0 +1,95 @@
+"""Replay throughput against torch.optim.AdamW(foreach=True) on the same CPU, same run.
+
+Run: ``python benchmarks/bench_replay.py [--params 4194304] [--steps 5] [--json OUT]``.
+
+A synthetic trace (4 tensors, ``--params`` parameters in all, ``--steps`` steps, gradients and
+initial parameters) is written once; then, best of 2, the time per parameter x step of
+(a) torch.optim.AdamW(foreach=True).step() on the same tensors, (b) the FP32 replay (the
+reference alone, ``configs=[]``) and (c) the reference plus an 8-bit configuration
+(``bnb-8bit-all``: dynamic maps, blocks of 256), whose own cost is (c) - (b). Goals (issue 5):
+FP32 replay within 1.5x of torch, 8-bit within 4x. Trace reading and the divergence metrics
+are included in fpsim's time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+from fpsim.optim import AdamW
+from fpsim.replay import replay
+from fpsim.trace import TraceWriter
+
+
+def best(fn, repeats: int = 2) -> float:
+    times = []
+    for _ in range(repeats):
+        t = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t)
+    return min(times)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--params", type=int, default=1 << 22)
+    ap.add_argument("--steps", type=int, default=5)
+    ap.add_argument("--json")
+    args = ap.parse_args()
+    import torch
+
+    rng = np.random.default_rng(0)
+    shapes = {f"layer{i}.weight": (args.params // 4,) for i in range(4)}
+    p0 = {k: rng.standard_normal(s).astype(np.float32) for k, s in shapes.items()}
+    grads = [
+        {k: (rng.standard_normal(s) * 1e-3).astype(np.float32) for k, s in shapes.items()}
+        for _ in range(args.steps)
+    ]
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "t"
+        with TraceWriter(path) as w:
+            for s, g in enumerate(grads, 1):
+                w.write_step(s, {"grad": g, **({"param": p0} if s == 1 else {})}, lr=1e-3)
+
+        def torch_run():
+            ps = [torch.nn.Parameter(torch.from_numpy(v.copy())) for v in p0.values()]
+            opt = torch.optim.AdamW(ps, lr=1e-3, foreach=True)
+            for g in grads:
+                for p, v in zip(ps, g.values()):
+                    p.grad = torch.from_numpy(v)
+                opt.step()
+
+        work = args.params * args.steps
+        t_torch = best(torch_run)
+        t_fp32 = best(lambda: replay(path, [], optimizer=AdamW(), progress=False))
+        t_8bit = best(lambda: replay(path, ["bnb-8bit-all"], optimizer=AdamW(), progress=False))
+    own_8bit = t_8bit - t_fp32
+    row = {
+        "params": args.params,
+        "steps": args.steps,
+        "torch_Mps": work / t_torch / 1e6,
+        "fp32_Mps": work / t_fp32 / 1e6,
+        "bit8_Mps": work / own_8bit / 1e6,
+        "fp32_vs_torch": t_fp32 / t_torch,
+        "bit8_vs_torch": own_8bit / t_torch,
+    }
+    print(f"torch AdamW(foreach=True): {row['torch_Mps']:8.1f} M param-steps/s")
+    print(
+        f"fpsim FP32 replay:         {row['fp32_Mps']:8.1f} M param-steps/s = {row['fp32_vs_torch']:.2f}x "
+        f"torch's time (goal <= 1.5x)"
+    )
+    print(
+        f"fpsim 8-bit config:        {row['bit8_Mps']:8.1f} M param-steps/s = {row['bit8_vs_torch']:.2f}x "
+        f"torch's time (goal <= 4x)"
+    )
+    if args.json:
+        Path(args.json).write_text(json.dumps(row, indent=2))
+
+
+if __name__ == "__main__":
+    main()
