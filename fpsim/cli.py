@@ -240,6 +240,14 @@ def _cmd_replay(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_figures(args: argparse.Namespace) -> int:
+    from .figures import make_figures
+
+    for path in make_figures(args.out):
+        print(path)
+    return 0
+
+
 def _int(text: str) -> int:
     return int(text, 0)
 
@@ -325,6 +333,10 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--json", action="store_true", help="print the JSON summary instead of the table")
     r.add_argument("--quiet", action="store_true", help="no progress bar")
     r.set_defaults(run=_cmd_replay)
+
+    g = sub.add_parser("figures", help="regenerate every figure the README shows")
+    g.add_argument("--out", default="figures", help="output folder (default: figures)")
+    g.set_defaults(run=_cmd_figures)
 
     names = [n for n, f in FORMATS.items() if isinstance(f, Format)]
     e = sub.add_parser("exhaustive", help="compare all 2**32 float32 inputs with ml_dtypes (opt-in, ~1 min)")
