@@ -134,10 +134,19 @@ def _print_table(rows: list[dict[str, Any]]) -> None:
 
 
 def _print_cells(cells: list[list[str]], heads: list[str]) -> None:
-    widths = [max(len(h), *(len(c[i]) for c in cells)) for i, h in enumerate(heads)]
-    print("  ".join(h.ljust(w) for h, w in zip(heads, widths)))
-    for c in cells:
-        print("  ".join(v.ljust(w) if i == 0 else v.rjust(w) for i, (v, w) in enumerate(zip(c, widths))))
+    from .plotting import text_table
+
+    print(text_table(heads, cells))
+
+
+def _emit(summary: dict[str, Any], text: str, paths: dict[str, Any], as_json: bool) -> int:
+    """Print a command's JSON summary or its table and the files it wrote."""
+    if as_json:
+        print(json.dumps(summary, indent=2))
+    else:
+        print(text)
+        print(f"\nwrote {', '.join(str(p) for p in paths.values())}")
+    return 0
 
 
 def _cmd_formats(args: argparse.Namespace) -> int:
@@ -178,12 +187,7 @@ def _cmd_analyze(args: argparse.Namespace) -> int:
         progress=not args.quiet,
     )
     paths = write_report(result, args.out)
-    if args.json:
-        print(json.dumps(result.summary(), indent=2))
-    else:
-        print(summary_text(result))
-        print(f"\nwrote {', '.join(str(p) for p in paths.values())}")
-    return 0
+    return _emit(result.summary(), summary_text(result), paths, args.json)
 
 
 def _cmd_replay(args: argparse.Namespace) -> int:
@@ -232,12 +236,7 @@ def _cmd_replay(args: argparse.Namespace) -> int:
             raise ValueError(f"unknown --config {c!r}; presets: {', '.join(PRESETS)}")
     result = replay(args.trace, configs, optimizer=opt, lr=args.lr, steps=steps, progress=not args.quiet)
     paths = write_replay_report(result, args.out)
-    if args.json:
-        print(json.dumps(result.summary(), indent=2))
-    else:
-        print(replay_text(result))
-        print(f"\nwrote {', '.join(str(p) for p in paths.values())}")
-    return 0
+    return _emit(result.summary(), replay_text(result), paths, args.json)
 
 
 def _cmd_figures(args: argparse.Namespace) -> int:

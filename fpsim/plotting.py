@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["new_figure", "palette", "style", "STYLE"]
+__all__ = ["new_figure", "palette", "style", "text_table", "STYLE"]
 
 STYLE: dict[str, Any] = {
     "font.size": 9,
@@ -44,3 +44,13 @@ def new_figure(nrows: int = 1, ncols: int = 1, **kwargs: Any):
 
     fig = Figure(figsize=kwargs.pop("figsize", (6, 4)), layout="constrained")
     return fig, fig.subplots(nrows, ncols, **kwargs)
+
+
+def text_table(heads: list[str], rows: list[list[str]], left: int = 1) -> str:
+    """Aligned plain-text table: the first ``left`` columns left-aligned, the rest right-aligned."""
+    widths = [max(len(h), *(len(r[i]) for r in rows)) if rows else len(h) for i, h in enumerate(heads)]
+
+    def line(vals: list[str]) -> str:
+        return "  ".join(v.ljust(w) if i < left else v.rjust(w) for i, (v, w) in enumerate(zip(vals, widths)))
+
+    return "\n".join([line(heads), *(line(r) for r in rows)])

@@ -27,16 +27,12 @@ def _cell(spec: str, v: Any) -> str:
 
 
 def replay_text(result: ReplayResult) -> str:
+    from .plotting import text_table
+
     s = result.summary()
-    heads = [h for _, h, _ in _COLS]
     rows = [[_cell(spec, r[k]) for k, _, spec in _COLS] for r in s["results"]]
-    widths = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(heads)]
-
-    def line(vals: list[str]) -> str:
-        return "  ".join(v.ljust(w) if i == 0 else v.rjust(w) for i, (v, w) in enumerate(zip(vals, widths)))
-
     head = f"{s['trace']}: {s['parameters']:,} parameters, replayed against an FP32 reference"
-    return "\n".join([head, line(heads), *(line(r) for r in rows)])
+    return head + "\n" + text_table([h for _, h, _ in _COLS], rows)
 
 
 def write_replay_report(result: ReplayResult, out: str | Path) -> dict[str, Path]:

@@ -50,20 +50,12 @@ def _rows(summary: dict[str, Any]) -> list[dict[str, Any]]:
 
 def summary_text(analysis: Analysis) -> str:
     """The readable summary table that ``fpsim analyze`` prints."""
+    from .plotting import text_table
+
     s = analysis.summary()
-    rows = _rows(s)
-    cells = [[_fmt(spec, r.get(key)) for key, _, spec in _COLUMNS] for r in rows]
-    heads = [h for _, h, _ in _COLUMNS]
-    widths = [max(len(h), *(len(c[i]) for c in cells)) if cells else len(h) for i, h in enumerate(heads)]
-    lines = [
-        f"{s['trace']}: {s['steps']} steps, {s['tensors']} tensors",
-        "  ".join(h.rjust(w) if i > 1 else h.ljust(w) for i, (h, w) in enumerate(zip(heads, widths))),
-    ]
-    for c in cells:
-        lines.append(
-            "  ".join(v.rjust(w) if i > 1 else v.ljust(w) for i, (v, w) in enumerate(zip(c, widths)))
-        )
-    return "\n".join(lines)
+    cells = [[_fmt(spec, r.get(key)) for key, _, spec in _COLUMNS] for r in _rows(s)]
+    header = f"{s['trace']}: {s['steps']} steps, {s['tensors']} tensors"
+    return header + "\n" + text_table([h for _, h, _ in _COLUMNS], cells, left=2)
 
 
 def _fmt(spec: str, v: Any) -> str:
