@@ -333,6 +333,10 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--quiet", action="store_true", help="no progress bar")
     r.set_defaults(run=_cmd_replay)
 
+    from .kernels.validate import add_parser as add_validate_kernels  # imports neither torch nor triton
+
+    add_validate_kernels(sub)
+
     g = sub.add_parser("figures", help="regenerate every figure the README shows")
     g.add_argument("--out", default="figures", help="output folder (default: figures)")
     g.set_defaults(run=_cmd_figures)

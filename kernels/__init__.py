@@ -1,6 +1,20 @@
 """Triton kernels mirroring the emulator, imported as ``fpsim.kernels``.
 
 Every kernel here has an emulator twin with the same signature and is compared with it bit
-for bit (see DESIGN.md). The emulator never imports this package; torch and triton are
-imported lazily by the kernel modules themselves.
+for bit (see DESIGN.md, section Kernels). The emulator never imports this package; torch and
+triton are imported lazily by the kernel modules themselves.
+
+Modules:
+    cast: portable encode / decode / quantize of torch tensors, integer bit operations
+        only: bit-identical to :mod:`fpsim.emulate` for every format and rounding mode, in
+        Triton's CPU interpreter and on a GPU; stochastic rounding from given random words
+        or from an in-kernel Philox stream (``seed=``).
+    hwcast: the GPU's own float8 / bfloat16 / float16 conversions (``.to(tl.float8e4nv)``
+        and friends), with the emulator's saturation and overflow conventions; GPU only.
+    philox: numpy Philox4x32-10, the words of ``tl.randint`` for the emulator.
+    validate: the bit-exact validation harness, ``validate_all`` and the
+        ``fpsim validate-kernels`` command (``main``, ``add_parser``).
+
+Tensors on the CPU run in Triton's interpreter and tensors on a GPU run compiled kernels,
+whatever ``TRITON_INTERPRET`` says (``_loader``).
 """

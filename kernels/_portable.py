@@ -1,0 +1,544 @@
+"""Portable Triton cast kernels: integer bit operations only (DESIGN.md, section Kernels).
+
+A port of :mod:`fpsim._bitcore` (``_split``, ``_round``, ``encode_float``, ``encode_int``)
+and of :func:`fpsim.emulate.decode`. Inputs arrive as integer views of their float bits
+(float32 as int32, float16 and bfloat16 as int16); float16 and bfloat16 are widened to
+float32 bit patterns with integer operations (exact, IEEE 754-2019 section 3.4). No
+floating-point arithmetic is executed, so the results depend neither on the Triton CPU
+interpreter's float casts (wrong for float8 and bfloat16) nor on fma contraction; the one
+float instruction is the conversion of an integer below 2**24 to float32, exact, to read
+its leading bit (as ``_bitcore._split`` does). Decode builds float32 bit patterns and
+stores them as int32; the caller views them as float32.
+
+What changes the code path is ``tl.constexpr`` (rounding mode, encoding, sign, zero,
+integer or float, input type, random source, fused decode); the numbers of a format
+(mantissa width, emin, codes of max / inf / NaN, saturate and flush limits) are int32
+runtime arguments that are never specialised, so the formats of one structure share a
+compiled kernel (about 250 specialisations cover every format x mode x input type).
+
+Every variable shift amount is clamped into [0, 31]: a shift by 32 or more is undefined in
+LLVM and gives 0 in numpy (the interpreter), and both sides of a ``tl.where`` are
+evaluated.
+
+This file is executed by :func:`fpsim.kernels._loader.kernel_module` once for the
+interpreter and once for the compiler; import it through there.
+"""
+
+import triton
+import triton.language as tl
+
+# Rounding modes (order of the constexpr MODE), see fpsim.rounding.RoundMode.
+# 0 nearest_even, 1 nearest_away, 2 toward_zero, 3 toward_positive, 4 toward_negative,
+# 5 stochastic, 6 odd.
+# Encodings (ENC): 0 IEEE, 1 FN, 2 FNUZ, 3 FINITE.
+# Sources (SRC): 0 float32 bits as int32, 1 float16 bits as int16, 2 bfloat16 bits as int16.
+# Random words (RAND): 0 none, 1 loaded from r_ptr (uint32 bit patterns), 2 Philox of (seed, i).
+
+
+@triton.jit
+def _msb(v):
+    """floor(log2(v)) of a uint32 tensor with 0 < v < 2**24, as int32 (-127 where v == 0).
+
+    From the exponent of ``v`` converted to float32, which is exact below 2**24 (the
+    emulator's ``_split`` finds the exponent of a float32 subnormal the same way).
+    """
+    return (v.to(tl.float32).to(tl.uint32, bitcast=True) >> 23).to(tl.int32) - 127
+
+
+@triton.jit
+def _offsets(n, BLOCK: tl.constexpr, I64: tl.constexpr):
+    pid = tl.program_id(0)
+    if I64:
+        offs = pid.to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    else:
+        offs = pid * BLOCK + tl.arange(0, BLOCK)
+    return offs, offs < n
+
+
+@triton.jit
+def _load_f32_bits(x_ptr, offs, mask, SRC: tl.constexpr):
+    """float32 bit patterns (uint32) of the input elements, widened exactly from 16 bits."""
+    if SRC == 0:
+        b = tl.load(x_ptr + offs, mask=mask, other=0).to(tl.uint32, bitcast=True)
+    else:
+        h = tl.load(x_ptr + offs, mask=mask, other=0).to(tl.uint16, bitcast=True).to(tl.uint32)
+        if SRC == 2:  # bfloat16: the top half of a float32
+            b = h << 16
+        else:  # float16: rebias the exponent; a subnormal m * 2**-24 is float32(m) / 2**24
+            sign = (h & 0x8000) << 16
+            e = (h >> 10) & 0x1F
+            m = h & 0x3FF
+            t = (h & 0x7FFF) << 13
+            b = t + tl.where(e == 0x1F, 224 << 23, 112 << 23)  # exponent + 112; inf/NaN to 0xFF
+            sub = m.to(tl.float32).to(tl.uint32, bitcast=True) - (24 << 23)  # exact: m < 2**10
+            b = tl.where(e == 0, tl.where(m == 0, 0, sub), b) | sign
+    return b
+
+
+@triton.jit
+def _philox_word(seed_lo, seed_hi, offs):
+    """First word of Philox4x32-10 with counter [offs lo, offs hi, 0, 0] and key [seed_lo,
+    seed_hi]: what ``tl.randint(seed, offs)`` returns (``triton/language/random.py``).
+
+    Written out here rather than calling ``tl.randint``: triton's own library functions are
+    decorated when triton is imported, so they are interpreted or compiled according to
+    TRITON_INTERPRET at that moment, which would tie this module to the environment.
+    """
+    c0 = offs.to(tl.uint32)
+    if offs.dtype.primitive_bitwidth > 32:
+        c1 = (offs >> 32).to(tl.uint32)
+    else:
+        c1 = c0 * 0
+    c2 = c0 * 0
+    c3 = c0 * 0
+    k0 = seed_lo.to(tl.uint32)
+    k1 = seed_hi.to(tl.uint32)
+    for _ in tl.static_range(10):
+        p0 = c0
+        p2 = c2
+        c0 = tl.umulhi(p2, 0xCD9E8D57) ^ c1 ^ k0
+        c2 = tl.umulhi(p0, 0xD2511F53) ^ c3 ^ k1
+        c1 = tl.mul(p2, 0xCD9E8D57, sanitize_overflow=False)
+        c3 = tl.mul(p0, 0xD2511F53, sanitize_overflow=False)
+        k0 = tl.add(k0, 0x9E3779B9, sanitize_overflow=False)
+        k1 = tl.add(k1, 0xBB67AE85, sanitize_overflow=False)
+    return c0
+
+
+@triton.jit
+def _random_words(r_ptr, seed_lo, seed_hi, offs, mask, RAND: tl.constexpr):
+    """uint32 random word of each element: loaded, or Philox4x32-10 of (seed, flat index)."""
+    if RAND == 1:
+        r = tl.load(r_ptr + offs, mask=mask, other=0).to(tl.uint32, bitcast=True)
+    elif RAND == 2:
+        r = _philox_word(seed_lo, seed_hi, offs)
+    else:
+        r = (offs * 0).to(tl.uint32)
+    return r
+
+
+@triton.jit
+def _split(b):
+    """fpsim._bitcore._split for float32 bits: sign (0/1), magnitude bits, significand with
+    its implicit bit, and the biased exponent field clamped to >= 1 (the quantum exponent
+    of the significand is ``es1 - 150``)."""
+    negu = b >> 31
+    mag = b & 0x7FFFFFFF
+    es = (mag >> 23).to(tl.int32)
+    sig = (mag & 0x7FFFFF) | (tl.minimum(es, 1).to(tl.uint32) << 23)
+    return negu, mag, sig, es, tl.maximum(es, 1)
+
+
+@triton.jit
+def _round(sig, d, negu, r, nbits, rmask, MODE: tl.constexpr):
+    """fpsim._bitcore._round: ``sig / 2**d`` (sig < 2**24, int32 d >= 0) rounded to an
+    integer (uint32) as MODE says.
+
+    Nearest-even and nearest-away add the rounding increment before the shift (one add
+    instead of comparing the remainder with the half): with ``k = sig >> d``, nearest even
+    is ``(2 sig + 2**d - 1 + (k & 1)) >> (d + 1)``, which is right for d = 0 too, and
+    nearest away is ``(sig + 2**d / 2) >> d``. The other modes test the remainder as
+    ``_bitcore`` does.
+    """
+    dc = tl.minimum(d, 25).to(tl.uint32)  # beyond 25 every bit of sig is discarded
+    kept = sig >> dc
+    if MODE == 0:
+        res = ((sig << 1) + (1 << dc) - 1 + (kept & 1)) >> (dc + 1)
+    elif MODE == 1:
+        res = (sig + ((1 << dc) >> 1)) >> dc
+    elif MODE == 2:
+        res = kept
+    else:
+        rem = sig & ((1 << dc) - 1)
+        inexact = rem != 0
+        if MODE == 6:
+            res = kept | inexact.to(tl.uint32)
+        else:
+            if MODE == 3:
+                up = inexact & (negu == 0)
+            elif MODE == 4:
+                up = inexact & (negu != 0)
+            else:  # stochastic: away iff floor(frac * 2**n) + R >= 2**n
+                rn = r & rmask
+                dn = d - nbits
+                big = dn >= 0  # the discarded field has at least n bits: keep its top n
+                top = rem >> tl.minimum(tl.maximum(dn, 0), 24).to(tl.uint32)
+                low = rn >> tl.minimum(tl.maximum(-dn, 0), 31).to(tl.uint32)
+                a = tl.where(big, top, rem)
+                bb = tl.where(big, rn, low)
+                width = tl.minimum(d, nbits - 1).to(tl.uint32)  # d < n here: 2**d fits
+                lim = tl.where(big, rmask, (1 << width) - 1)
+                up = (a > lim - bb) & inexact
+            res = kept + up.to(tl.uint32)
+    return res
+
+
+@triton.jit
+def _encode_float(
+    b,
+    r,
+    nbits,
+    rmask,
+    m,
+    emin,
+    emin_b,
+    d0,
+    code_max,
+    inf_lim,
+    ftz_lim,
+    mant_one,
+    code_inf,
+    code_nan,
+    sign_shift,
+    MODE: tl.constexpr,
+    ENC: tl.constexpr,
+    SIGNED: tl.constexpr,
+    HAS_ZERO: tl.constexpr,
+    EMIN_LOW: tl.constexpr,
+    OVF: tl.constexpr,
+):
+    """fpsim._bitcore.encode_float for float32 bits ``b``: the codes (uint32).
+
+    The quantum of |x| in the target is ``2**(max(floor(log2|x|), emin) - m)``; ``d`` is how
+    many low bits of the significand it drops and ``hi`` the exponent field above the
+    smallest binade, so the magnitude code is ``(hi << m) + round(sig >> d)`` (a carry out
+    of the significand moves into the exponent, a subnormal result has field 0). With
+    ``emin_b = emin + 127`` and ``d0 = 23 - m`` (float32 inputs): ``d = d0 + max(emin_b -
+    es, 0)`` and ``hi = max(es - emin_b, 0)``; targets reaching below float32's normal range
+    (EMIN_LOW, E8M0) take floor(log2|x|) of subnormal inputs from their leading bit.
+
+    Runtime limits: ``inf_lim`` is ``code_max`` (0xFFFFFFFF when saturating: nothing goes
+    to infinity), ``ftz_lim`` the first normal code (0 when subnormals are kept). OVF says
+    where overflow goes (IEEE 754-2019 section 7.4): 0 nowhere (finite formats), 1 to
+    infinity for positives only (toward +inf), 2 for negatives only, 3 always (nearest,
+    stochastic), 4 only infinite inputs (toward zero, odd).
+    """
+    negu, mag, sig, es, es1 = _split(b)
+    if EMIN_LOW:
+        lg = tl.where(es == 0, _msb(sig) - 149, es - 127)  # floor(log2|x|)
+        et = tl.maximum(lg, emin)
+        d = et - m - (es1 - 150)
+        hi = (et - emin).to(tl.uint32)
+    else:
+        lg = es1 - 127  # exact at and above float32's smallest normal, enough here
+        d = tl.maximum(emin_b - es1, 0) + d0
+        hi = tl.maximum(es1 - emin_b, 0).to(tl.uint32)
+    code = (hi << m.to(tl.uint32)) + _round(sig, d, negu, r, nbits, rmask, MODE)
+    if not HAS_ZERO:  # field 0 is the normal 2**emin: drop the implicit bit
+        code = tl.where(lg < emin, 0, tl.maximum(code, mant_one) - mant_one)
+    else:  # flush subnormal results after rounding (PTX .ftz)
+        code = tl.where(code < ftz_lim, 0, code)
+
+    # overflow (IEEE 754 7.4): inf and NaN inputs give codes above code_max too
+    if OVF != 0:
+        if OVF == 3:
+            to_inf = code > inf_lim
+        elif OVF == 1:
+            to_inf = (code > inf_lim) & ((negu == 0) | (mag == 0x7F800000))
+        elif OVF == 2:
+            to_inf = (code > inf_lim) & ((negu != 0) | (mag == 0x7F800000))
+        else:
+            to_inf = (code > inf_lim) & (mag == 0x7F800000)
+    code = tl.minimum(code, code_max)  # the largest finite code for everything beyond it
+    nan = mag > 0x7F800000
+    if OVF != 0:
+        if ENC == 0:
+            code = tl.where(to_inf, code_inf, code)
+        else:
+            nan = nan | to_inf
+    if not HAS_ZERO:
+        nan = nan | (mag == 0)
+    if SIGNED:
+        if ENC == 2:  # FNUZ: no negative zero
+            sign = (negu & (code != 0).to(tl.uint32)) << sign_shift
+        else:
+            sign = negu << sign_shift
+        code = code | sign
+    else:
+        nan = nan | ((negu != 0) & (mag != 0))
+    if ENC != 3:
+        if SIGNED and ENC < 2:  # IEEE and FN NaNs keep the input's sign
+            code = tl.where(nan, code_nan | sign, code)
+        else:
+            code = tl.where(nan, code_nan, code)
+    else:
+        code = tl.where(nan, 0, code)  # no NaN code: NaN becomes +0 (documented)
+    return code
+
+
+@triton.jit
+def _encode_int(b, r, nbits, rmask, fb, ibits, imask, max_int, lo, clamp, MODE: tl.constexpr):
+    """fpsim._bitcore.encode_int: two's complement codes (uint32) of ``x * 2**fb`` rounded.
+
+    ``clamp`` (runtime) clamps to [-lo, max_int] (saturate or symmetric formats) instead of
+    wrapping modulo ``2**bits``.
+    """
+    negu, mag, sig, es, es1 = _split(b)
+    d = 150 - es1 - fb  # bits of sig below the integer's units
+    kept = _round(sig, tl.maximum(d, 0), negu, r, nbits, rmask, MODE)
+    big = d < 0  # |x| * 2**fb >= 2**24: an integer far out of range
+    kept = tl.where(big, sig << tl.minimum(-d, ibits).to(tl.uint32), kept)
+    neg = negu != 0
+    pos = tl.where(big | (kept > max_int), max_int, kept)
+    negv = tl.where(big | (kept > lo), lo, kept)
+    clamped = tl.where(neg, (0 - negv) & imask, pos)
+    clamped = tl.where(mag > 0x7F800000, 0, clamped)  # NaN -> 0; +-inf clamp like finite
+    wrapped = tl.where(neg, 0 - kept, kept) & imask
+    wrapped = tl.where(mag < 0x7F800000, wrapped, 0)  # inf and NaN have no integer: 0
+    return tl.where(clamp != 0, clamped, wrapped)
+
+
+@triton.jit
+def _compose(signif, scale):
+    """float32 bits (uint32) of ``signif * 2**scale`` (uint32 signif < 2**24, int32 scale)
+    when it is a float32 number (normal or subnormal), as the Format invariants promise.
+
+    float32(signif) is exact; a normal result adds ``scale`` to its exponent field, a
+    subnormal one is ``signif << (scale + 149)`` (zero for signif == 0).
+    """
+    f = signif.to(tl.float32).to(tl.uint32, bitcast=True)
+    e = (f >> 23).to(tl.int32) - 127 + scale
+    normal = f + (scale << 23).to(tl.uint32, bitcast=True)
+    subnormal = signif << tl.minimum(tl.maximum(scale + 149, 0), 31).to(tl.uint32)
+    return tl.where(e >= -126, normal, subnormal)
+
+
+@triton.jit
+def _decode(
+    c,
+    m,
+    bias,
+    emin,
+    subn_mask,
+    sign_mask,
+    mag_mask,
+    frac_mask,
+    mant_one,
+    top_field,
+    fb,
+    ibits,
+    imask,
+    IS_INT: tl.constexpr,
+    BITS32: tl.constexpr,
+    ENC: tl.constexpr,
+    SIGNED: tl.constexpr,
+    HAS_ZERO: tl.constexpr,
+):
+    """float32 bits (uint32) of codes ``c`` (uint32): fpsim.emulate.decode without a table.
+
+    ``subn_mask`` is 0xFFFFFFFF when subnormal codes are numbers, 0 when they decode to zero.
+    """
+    if BITS32:
+        bits = c
+    elif IS_INT:
+        c = c & imask
+        scale = (c * 0).to(tl.int32) - fb
+        if SIGNED:  # two's complement: magnitude and sign
+            negu = c >> (ibits - 1)
+            k = tl.where(negu != 0, (imask + 1) - c, c)
+            bits = _compose(k, scale) | (negu << 31)
+        else:
+            bits = _compose(c, scale)
+    else:
+        mag = c & mag_mask
+        field = mag >> m
+        frac = mag & frac_mask
+        if HAS_ZERO:
+            normal = field != 0
+            scale = tl.where(normal, field.to(tl.int32) - bias, emin) - m.to(tl.int32)
+            signif = tl.where(normal, frac | mant_one, frac & subn_mask)
+        else:
+            scale = field.to(tl.int32) - bias - m.to(tl.int32)
+            signif = frac | mant_one
+        bits = _compose(signif, scale)
+        if SIGNED:
+            bits = bits | (((c & sign_mask) != 0).to(tl.uint32) << 31)
+        if ENC == 0:  # IEEE: +-inf and NaN in the top binade
+            top = field == top_field
+            bits = tl.where(top, tl.where(frac == 0, (bits & 0x80000000) | 0x7F800000, 0x7FC00000), bits)
+        elif ENC == 1:  # FN: the all-ones magnitude
+            bits = tl.where(mag == mag_mask, 0x7FC00000, bits)
+        elif ENC == 2:  # FNUZ: the negative-zero code
+            bits = tl.where(c == sign_mask, 0x7FC00000, bits)
+    return bits
+
+
+@triton.jit
+def _u32(v):
+    """A runtime int32 kernel argument read as uint32 (the host passes uint32 values wrapped)."""
+    return v.to(tl.uint32, bitcast=True)
+
+
+# Runtime format parameters (int32 scalars, never specialised, so formats of one structure
+# share one compiled kernel); the constexpr parameters choose the code paths.
+_ENCODE_RUNTIME = ["seed_lo", "seed_hi", "nbits", "rmask", "m", "emin", "emin_b", "d0", "code_max"]
+_ENCODE_RUNTIME += ["inf_lim", "ftz_lim", "mant_one", "code_inf", "code_nan", "sign_shift"]
+_ENCODE_RUNTIME += ["fb", "ibits", "imask", "max_int", "lo", "clamp"]
+_DECODE_RUNTIME = ["d_m", "d_bias", "d_emin", "d_subn_mask", "d_sign_mask", "d_mag_mask", "d_frac_mask"]
+_DECODE_RUNTIME += ["d_mant_one", "d_top_field", "d_fb", "d_ibits", "d_imask"]
+
+
+@triton.jit(do_not_specialize=_ENCODE_RUNTIME + _DECODE_RUNTIME)
+def encode_kernel(
+    x_ptr,
+    r_ptr,
+    out_ptr,
+    n,
+    seed_lo,
+    seed_hi,
+    nbits,
+    rmask,
+    m,
+    emin,
+    emin_b,
+    d0,
+    code_max,
+    inf_lim,
+    ftz_lim,
+    mant_one,
+    code_inf,
+    code_nan,
+    sign_shift,
+    fb,
+    ibits,
+    imask,
+    max_int,
+    lo,
+    clamp,
+    d_m,
+    d_bias,
+    d_emin,
+    d_subn_mask,
+    d_sign_mask,
+    d_mag_mask,
+    d_frac_mask,
+    d_mant_one,
+    d_top_field,
+    d_fb,
+    d_ibits,
+    d_imask,
+    SRC: tl.constexpr,
+    RAND: tl.constexpr,
+    IS_INT: tl.constexpr,
+    MODE: tl.constexpr,
+    ENC: tl.constexpr,
+    SIGNED: tl.constexpr,
+    HAS_ZERO: tl.constexpr,
+    EMIN_LOW: tl.constexpr,
+    OVF: tl.constexpr,
+    QUANT: tl.constexpr,
+    D_IS_INT: tl.constexpr,
+    D_BITS32: tl.constexpr,
+    D_ENC: tl.constexpr,
+    D_SIGNED: tl.constexpr,
+    D_HAS_ZERO: tl.constexpr,
+    BLOCK: tl.constexpr,
+    I64: tl.constexpr,
+):
+    """Codes of ``n`` elements (``QUANT``: their decoded float32 bits, fused)."""
+    offs, mask = _offsets(n, BLOCK, I64)
+    b = _load_f32_bits(x_ptr, offs, mask, SRC)
+    r = _random_words(r_ptr, _u32(seed_lo), _u32(seed_hi), offs, mask, RAND)
+    if IS_INT:
+        code = _encode_int(
+            b, r, nbits, _u32(rmask), fb, ibits, _u32(imask), _u32(max_int), _u32(lo), clamp, MODE
+        )
+    else:
+        code = _encode_float(
+            b,
+            r,
+            nbits,
+            _u32(rmask),
+            m,
+            emin,
+            emin_b,
+            d0,
+            _u32(code_max),
+            _u32(inf_lim),
+            _u32(ftz_lim),
+            _u32(mant_one),
+            _u32(code_inf),
+            _u32(code_nan),
+            _u32(sign_shift),
+            MODE,
+            ENC,
+            SIGNED,
+            HAS_ZERO,
+            EMIN_LOW,
+            OVF,
+        )
+    if QUANT:
+        bits = _decode(
+            code,
+            _u32(d_m),
+            d_bias,
+            d_emin,
+            _u32(d_subn_mask),
+            _u32(d_sign_mask),
+            _u32(d_mag_mask),
+            _u32(d_frac_mask),
+            _u32(d_mant_one),
+            _u32(d_top_field),
+            d_fb,
+            _u32(d_ibits),
+            _u32(d_imask),
+            D_IS_INT,
+            D_BITS32,
+            D_ENC,
+            D_SIGNED,
+            D_HAS_ZERO,
+        )
+        tl.store(out_ptr + offs, bits.to(tl.int32, bitcast=True), mask=mask)
+    else:
+        tl.store(out_ptr + offs, code.to(out_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit(do_not_specialize=_DECODE_RUNTIME)
+def decode_kernel(
+    c_ptr,
+    out_ptr,
+    n,
+    d_m,
+    d_bias,
+    d_emin,
+    d_subn_mask,
+    d_sign_mask,
+    d_mag_mask,
+    d_frac_mask,
+    d_mant_one,
+    d_top_field,
+    d_fb,
+    d_ibits,
+    d_imask,
+    D_IS_INT: tl.constexpr,
+    D_BITS32: tl.constexpr,
+    D_ENC: tl.constexpr,
+    D_SIGNED: tl.constexpr,
+    D_HAS_ZERO: tl.constexpr,
+    BLOCK: tl.constexpr,
+    I64: tl.constexpr,
+):
+    """float32 bits (stored as int32) of ``n`` codes."""
+    offs, mask = _offsets(n, BLOCK, I64)
+    c = tl.load(c_ptr + offs, mask=mask, other=0).to(tl.uint32)
+    bits = _decode(
+        c,
+        _u32(d_m),
+        d_bias,
+        d_emin,
+        _u32(d_subn_mask),
+        _u32(d_sign_mask),
+        _u32(d_mag_mask),
+        _u32(d_frac_mask),
+        _u32(d_mant_one),
+        _u32(d_top_field),
+        d_fb,
+        _u32(d_ibits),
+        _u32(d_imask),
+        D_IS_INT,
+        D_BITS32,
+        D_ENC,
+        D_SIGNED,
+        D_HAS_ZERO,
+    )
+    tl.store(out_ptr + offs, bits.to(tl.int32, bitcast=True), mask=mask)

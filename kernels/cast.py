@@ -1,0 +1,432 @@
+"""Portable Triton casts: encode, decode and quantize torch tensors bit-identically to
+:mod:`fpsim.emulate`.
+
+The kernels (``_portable.py``) port the emulator's integer algorithm (:mod:`fpsim._bitcore`)
+to Triton with integer bit operations only, so they run exactly in Triton's CPU
+interpreter and on a GPU (DESIGN.md, section Kernels). Every :class:`~fpsim.Format` and
+:class:`~fpsim.IntFormat` (the whole of :data:`fpsim.FORMATS` and any other format the
+emulator accepts) and every :class:`~fpsim.RoundMode` is supported, with ``saturate`` and
+``subnormals`` as in :func:`fpsim.emulate.encode`.
+
+Tensors and dtypes:
+    * Inputs: torch float32, float16 or bfloat16 tensors of any shape and layout (a
+      non-contiguous tensor is copied first). float16 and bfloat16 are widened exactly to
+      float32 inside the kernel, so their codes equal the emulator's for ``x.float()``.
+      float64 is not supported (the emulator rounds float64 once, directly; a kernel would
+      need 64-bit integer paths): convert on the host with the emulator instead.
+    * Codes: torch.uint8 (formats up to 8 bits), torch.uint16 (up to 16) or torch.uint32
+      (float32), i.e. :attr:`Format.code_dtype`; ``codes.cpu().numpy()`` has the emulator's
+      dtype. :func:`decode` also takes int8/16/32/64 codes (range-checked like the emulator)
+      and int32 bit patterns for 32-bit formats.
+    * Values (decode, quantize): torch.float32; NaN is 0x7FC00000 as numpy's NaN cast gives
+      (float32 format: the code's own bits).
+    * Tensors on the CPU run in Triton's interpreter, tensors on a GPU run compiled kernels
+      (see :mod:`fpsim.kernels._loader`); no environment variable is needed.
+
+Stochastic rounding (:class:`~fpsim.RoundMode` STOCHASTIC) takes either ``random_bits``
+(uint32 words as a torch.uint32 or torch.int32 bit-pattern tensor of ``x``'s shape, the same
+words the emulator takes) or ``seed``: element ``i`` of the flattened tensor then uses
+``tl.randint(seed, i)`` (Philox4x32-10), which :func:`fpsim.kernels.philox.philox_bits`
+reproduces in numpy::
+
+    codes = fpsim.kernels.cast.encode(x, "float8_e4m3fn", rounding="stochastic", seed=7)
+    bits = philox_bits(7, x.numel()).reshape(tuple(x.shape))
+    assert (codes.numpy() == fpsim.emulate.encode(x.numpy(), "float8_e4m3fn",
+                                                  rounding="stochastic", random_bits=bits)).all()
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from fpsim.formats import AnyFormat, Encoding, Format, IntFormat, get_format
+from fpsim.rounding import RoundMode
+
+from ._loader import is_interpreted, kernel_module, require_torch
+from ._loader import launch as _launch_kernel
+
+__all__ = ["encode", "decode", "quantize", "code_dtype", "Launch"]
+
+_MODE = {
+    RoundMode.NEAREST_EVEN: 0,
+    RoundMode.NEAREST_AWAY: 1,
+    RoundMode.TOWARD_ZERO: 2,
+    RoundMode.TOWARD_POSITIVE: 3,
+    RoundMode.TOWARD_NEGATIVE: 4,
+    RoundMode.STOCHASTIC: 5,
+    RoundMode.ODD: 6,
+}
+_ENC = {Encoding.IEEE: 0, Encoding.FN: 1, Encoding.FNUZ: 2, Encoding.FINITE: 3}
+
+
+@dataclass(frozen=True)
+class Launch:
+    """Launch settings of a cast kernel.
+
+    Args:
+        block: elements per program instance (a power of two). None: 2048 on a GPU; on the
+            CPU the next power of two of the size, at most 65536 (the interpreter costs about
+            1.4 ms per program instance, so few large blocks are fastest).
+        num_warps: warps per program on a GPU (ignored by the interpreter).
+    """
+
+    block: int | None = None
+    num_warps: int = 4
+
+
+_DEFAULT = Launch()
+
+
+def element_format(fmt: Any) -> AnyFormat:
+    """The :class:`Format` or :class:`IntFormat` named by ``fmt`` (TypeError for block formats)."""
+    f = get_format(fmt)
+    if not isinstance(f, (Format, IntFormat)):
+        raise TypeError(f"{f.name} is a block format; the cast kernels take element formats")
+    return f
+
+
+def code_dtype(fmt: Any) -> Any:
+    """torch dtype of the codes of ``fmt``: uint8, uint16 or uint32 (``Format.code_dtype``)."""
+    torch = require_torch()
+    return getattr(torch, element_format(fmt).code_dtype)
+
+
+def encode(
+    x: Any,
+    fmt: Any,
+    *,
+    rounding: RoundMode | str = RoundMode.NEAREST_EVEN,
+    saturate: bool = False,
+    subnormals: bool = True,
+    random_bits: Any = None,
+    seed: int | None = None,
+    stochastic_bits: int = 32,
+    launch: Launch = _DEFAULT,
+) -> Any:
+    """Codes of ``x`` in ``fmt``, bit-identical to :func:`fpsim.emulate.encode`.
+
+    Args:
+        x: torch float32, float16 or bfloat16 tensor (CPU: Triton interpreter; GPU: compiled).
+        fmt: a :class:`~fpsim.Format`, :class:`~fpsim.IntFormat` or registry name.
+        rounding: a :class:`~fpsim.RoundMode` or its name (IEEE 754-2019 section 4.3,
+            stochastic, odd).
+        saturate: clamp out-of-range values, +-inf included, to +-max (integers: clamp
+            instead of wrapping), as in :func:`fpsim.emulate.encode`.
+        subnormals: False flushes subnormal results to zero after rounding (PTX ``.ftz``).
+        random_bits: stochastic rounding only: uint32 words (torch.uint32 or torch.int32 bit
+            patterns, or a numpy uint32 array) of ``x``'s shape; element i uses the low
+            ``stochastic_bits`` bits of its word.
+        seed: stochastic rounding only, instead of ``random_bits``: draw element i's word
+            in the kernel as ``tl.randint(seed, i)`` (i the flat index; see
+            :func:`fpsim.kernels.philox.philox_bits`). An int in ``[-2**63, 2**64)``.
+        stochastic_bits: random bits one stochastic rounding uses, 1 to 32.
+        launch: block size and warps (:class:`Launch`).
+
+    Returns:
+        Codes of ``x``'s shape on ``x``'s device, dtype :func:`code_dtype` (uint8, uint16 or
+        uint32).
+
+    Raises:
+        TypeError: for a non-tensor ``x``, an unsupported dtype or a block format.
+        ValueError: for bad stochastic-rounding arguments.
+    """
+    return _run_encode(
+        x, fmt, rounding, saturate, subnormals, random_bits, seed, stochastic_bits, launch, False
+    )
+
+
+def quantize(
+    x: Any,
+    fmt: Any,
+    *,
+    rounding: RoundMode | str = RoundMode.NEAREST_EVEN,
+    saturate: bool = False,
+    subnormals: bool = True,
+    random_bits: Any = None,
+    seed: int | None = None,
+    stochastic_bits: int = 32,
+    launch: Launch = _DEFAULT,
+) -> Any:
+    """``decode(encode(x, fmt, ...), fmt)`` in one fused kernel: float32 values of ``x``'s shape.
+
+    Takes the arguments of :func:`encode`; bit-identical to :func:`fpsim.emulate.quantize`.
+    The codes stay in registers, so the kernel moves only the input and the float32 output.
+    """
+    return _run_encode(
+        x, fmt, rounding, saturate, subnormals, random_bits, seed, stochastic_bits, launch, True
+    )
+
+
+def decode(codes: Any, fmt: Any, *, launch: Launch = _DEFAULT) -> Any:
+    """float32 values of ``codes``, bit-identical to :func:`fpsim.emulate.decode`.
+
+    No lookup table: the float32 bit pattern is built from the code's fields with integer
+    operations (normal and subnormal float32 results, +-inf, NaN as 0x7FC00000, flushed
+    subnormal codes as signed zeros).
+
+    Args:
+        codes: torch integer tensor: uint8/uint16/uint32, or int8/int16/int32/int64 holding
+            codes in ``[0, 2**bits)`` (for 32-bit formats int32 is read as a bit pattern).
+        fmt: a :class:`~fpsim.Format`, :class:`~fpsim.IntFormat` or registry name.
+        launch: block size and warps (:class:`Launch`).
+
+    Returns:
+        A float32 tensor of ``codes``' shape on its device.
+
+    Raises:
+        TypeError: for non-integer codes or a block format.
+        ValueError: for codes out of range, as the emulator (checked unless the dtype is
+            unsigned and at most ``fmt.bits`` wide).
+    """
+    torch = require_torch()
+    fmt = element_format(fmt)
+    if not isinstance(codes, torch.Tensor):
+        raise TypeError(f"decode: codes must be a torch tensor, got {type(codes).__name__}")
+    dt = codes.dtype
+    unsigned = {torch.uint8: 8, torch.uint16: 16, torch.uint32: 32}
+    signed = {torch.int8: 8, torch.int16: 16, torch.int32: 32, torch.int64: 64}
+    if dt not in unsigned and dt not in signed:
+        raise TypeError(f"decode: codes must be an integer tensor, got dtype {dt}")
+    if dt is torch.int32 and fmt.bits == 32:
+        codes = codes.view(torch.uint32)
+    elif not (dt in unsigned and unsigned[dt] <= fmt.bits) and codes.numel():
+        wide = codes.to(torch.int64)
+        lo, hi = int(wide.min()), int(wide.max())
+        if lo < 0 or hi >= (1 << fmt.bits):
+            raise ValueError(
+                f"decode: codes out of range for {fmt.name} ({fmt.bits} bits): min {lo}, max {hi}"
+            )
+    codes = codes.contiguous()
+    out = torch.empty(codes.shape, dtype=torch.float32, device=codes.device)
+    n = codes.numel()
+    if n == 0:
+        return out
+    interp = is_interpreted(codes.device)
+    block, grid, extra = _launch(n, codes.device, launch)
+    drt, dce = _decode_args(fmt)
+    kernel = kernel_module("_portable", interp).decode_kernel
+    args = (codes, out.view(torch.int32), n)
+    _launch_kernel(kernel, grid, interp, *args, **drt, **dce, BLOCK=block, I64=n + block >= 2**31, **extra)
+    return out
+
+
+# --- host side -------------------------------------------------------------------------------
+
+
+def _run_encode(x, fmt, rounding, saturate, subnormals, random_bits, seed, nbits, launch, quant):
+    torch = require_torch()
+    fmt, mode = element_format(fmt), RoundMode.parse(rounding)
+    if not isinstance(x, torch.Tensor):
+        raise TypeError(f"encode: x must be a torch tensor, got {type(x).__name__}")
+    src = {torch.float32: 0, torch.float16: 1, torch.bfloat16: 2}.get(x.dtype)
+    if src is None:
+        raise TypeError(
+            f"encode: x must be float32, float16 or bfloat16, got {x.dtype} "
+            "(float64: use fpsim.emulate.encode, which rounds it once, directly)"
+        )
+    if not isinstance(launch, Launch):
+        raise TypeError(f"encode: launch must be a Launch, got {type(launch).__name__}")
+    x = x.contiguous()
+    xv = x.view(torch.int32 if src == 0 else torch.int16)
+    rand, rand_kind, seed_arg = xv, 0, 0
+    if mode is RoundMode.STOCHASTIC:
+        if not 1 <= nbits <= 32:
+            raise ValueError(f"stochastic_bits must be in [1, 32], got {nbits}")
+        rand, rand_kind, seed_arg = _stochastic_source(torch, x, xv, random_bits, seed)
+    else:
+        nbits = 32  # unused: one compiled specialisation for every value
+    n = x.numel()
+    if quant:
+        out = torch.empty(x.shape, dtype=torch.float32, device=x.device)
+        target = out.view(torch.int32)
+    else:
+        out = torch.empty(x.shape, dtype=code_dtype(fmt), device=x.device)
+        target = out
+    if n == 0:
+        return out
+    ftz = not (subnormals and getattr(fmt, "subnormals", True))
+    ert, ece = _encode_args(fmt, mode, bool(saturate), ftz, nbits)
+    drt, dce = _decode_args(fmt if quant else None)
+    interp = is_interpreted(x.device)
+    block, grid, extra = _launch(n, x.device, launch)
+    _launch_kernel(
+        kernel_module("_portable", interp).encode_kernel,
+        grid,
+        interp,
+        xv,
+        rand,
+        target,
+        n,
+        _i32(seed_arg),
+        _i32(seed_arg >> 32),
+        **ert,
+        **drt,
+        SRC=src,
+        RAND=rand_kind,
+        QUANT=quant,
+        BLOCK=block,
+        I64=n + block >= 2**31,
+        **ece,
+        **dce,
+        **extra,
+    )
+    return out
+
+
+def _stochastic_source(torch, x, xv, random_bits, seed):
+    """(random-words tensor, RAND constexpr, seed) for stochastic rounding; ``xv`` (the
+    input's integer view) stands in for the unused pointer in seed mode."""
+    if random_bits is not None and seed is not None:
+        raise ValueError("stochastic rounding takes random_bits= or seed=, not both")
+    if seed is not None:
+        if isinstance(seed, bool) or not isinstance(seed, int):
+            raise TypeError(f"seed must be an int, got {type(seed).__name__}")
+        if not -(1 << 63) <= seed < (1 << 64):
+            raise ValueError(f"seed must be in [-2**63, 2**64), got {seed}")
+        return xv, 2, seed
+    if random_bits is None:
+        raise ValueError(
+            "stochastic rounding needs random_bits= (uint32 words of x's shape) or seed= (an int)"
+        )
+    if not isinstance(random_bits, torch.Tensor):
+        import numpy as np
+
+        arr = np.asarray(random_bits)
+        if arr.dtype != np.uint32:
+            raise TypeError(f"random_bits must be uint32, got {arr.dtype}")
+        random_bits = torch.from_numpy(arr.view(np.int32).copy()).to(x.device)
+    if random_bits.dtype not in (torch.uint32, torch.int32):
+        raise TypeError(
+            f"random_bits must be torch.uint32 or torch.int32 bit patterns, got {random_bits.dtype}"
+        )
+    if tuple(random_bits.shape) != tuple(x.shape):
+        raise ValueError(f"random_bits has shape {tuple(random_bits.shape)}; x has {tuple(x.shape)}")
+    if random_bits.device != x.device:
+        raise ValueError(f"random_bits is on {random_bits.device}; x is on {x.device}")
+    return random_bits.contiguous().view(torch.int32), 1, 0
+
+
+def _launch(n: int, device: Any, launch: Launch) -> tuple[int, tuple[int], dict]:
+    interp = is_interpreted(device)
+    if launch.block is not None:
+        block = launch.block
+        if block < 16 or block & (block - 1):
+            raise ValueError(f"launch.block must be a power of two >= 16, got {block}")
+    elif interp:
+        block = min(max(16, 1 << (n - 1).bit_length()), 1 << 16)
+    else:
+        block = 2048
+    grid = ((n + block - 1) // block,)
+    # no floating-point math is compiled here, but fix fma contraction off anyway (Kernels)
+    return block, grid, ({} if interp else {"num_warps": launch.num_warps, "enable_fp_fusion": False})
+
+
+def _i32(v: int) -> int:
+    """A uint32 value as the int32 with its bits (runtime kernel arguments are int32)."""
+    v = int(v) & 0xFFFFFFFF
+    return v - (1 << 32) if v >= (1 << 31) else v
+
+
+def _encode_args(
+    fmt: AnyFormat, mode: RoundMode, saturate: bool, ftz: bool, nbits: int
+) -> tuple[dict[str, int], dict[str, Any]]:
+    """Runtime (int32) and constexpr parameters of encode_kernel (see _portable.py).
+
+    Numbers (mantissa width, emin, codes of max/inf/NaN, the saturate and flush flags, ...)
+    are runtime arguments, so formats of one structure share a compiled kernel; what
+    changes the code path (mode, encoding, sign, zero, integer or float) is constexpr.
+    """
+    rt = dict.fromkeys(
+        ["m", "emin", "emin_b", "d0", "code_max", "inf_lim", "ftz_lim", "mant_one", "code_inf", "code_nan"]
+        + ["sign_shift", "fb", "ibits", "imask", "max_int", "lo", "clamp"],
+        0,
+    )
+    rt.update(nbits=nbits, rmask=_i32((1 << nbits) - 1), mant_one=1, ibits=8, imask=255)
+    ce: dict[str, Any] = {
+        "IS_INT": isinstance(fmt, IntFormat),
+        "MODE": _MODE[mode],
+        "ENC": 0,
+        "SIGNED": False,
+        "HAS_ZERO": True,
+        "EMIN_LOW": False,
+        "OVF": 0,
+    }
+    if isinstance(fmt, IntFormat):
+        rt.update(
+            fb=fmt.fraction_bits,
+            ibits=fmt.bits,
+            imask=(1 << fmt.bits) - 1,
+            max_int=fmt.max_int,
+            lo=-fmt.min_int,
+            clamp=int(saturate or fmt.symmetric),
+        )
+        return {k: _i32(v) for k, v in rt.items()}, ce
+    m = fmt.mantissa_bits
+    if fmt.encoding is Encoding.FINITE:
+        ovf = 0
+    elif mode in (RoundMode.TOWARD_ZERO, RoundMode.ODD):
+        ovf = 4
+    elif mode is RoundMode.TOWARD_POSITIVE:
+        ovf = 1
+    elif mode is RoundMode.TOWARD_NEGATIVE:
+        ovf = 2
+    else:
+        ovf = 3
+    rt.update(
+        m=m,
+        emin=fmt.min_exponent,
+        emin_b=fmt.min_exponent + 127,
+        d0=23 - m,
+        code_max=fmt.code_of_max,
+        inf_lim=0xFFFFFFFF if saturate else fmt.code_of_max,
+        ftz_lim=(1 << m) if ftz and m > 0 else 0,
+        mant_one=1 << m,
+        code_inf=fmt.code_of_inf or 0,
+        code_nan=fmt.code_of_nan or 0,
+        sign_shift=fmt.exponent_bits + m,
+    )
+    ce.update(
+        ENC=_ENC[fmt.encoding],
+        SIGNED=fmt.signed,
+        HAS_ZERO=fmt.has_zero,
+        EMIN_LOW=fmt.min_exponent < -126,
+        OVF=ovf,
+    )
+    return {k: _i32(v) for k, v in rt.items()}, ce
+
+
+def _decode_args(fmt: AnyFormat | None) -> tuple[dict[str, int], dict[str, Any]]:
+    """Runtime and constexpr parameters of the decode part (see _portable._decode); None
+    gives fixed placeholders (encode without the fused decode: one compiled kernel)."""
+    rt = dict.fromkeys(
+        ["d_m", "d_bias", "d_emin", "d_subn_mask", "d_sign_mask", "d_mag_mask", "d_frac_mask"], 0
+    )
+    rt.update(d_mant_one=1, d_top_field=0, d_fb=0, d_ibits=8, d_imask=255)
+    ce: dict[str, Any] = {
+        "D_IS_INT": False,
+        "D_BITS32": False,
+        "D_ENC": 0,
+        "D_SIGNED": False,
+        "D_HAS_ZERO": True,
+    }
+    if fmt is None:
+        return rt, ce
+    ce.update(D_IS_INT=isinstance(fmt, IntFormat), D_BITS32=fmt.bits == 32, D_SIGNED=fmt.signed)
+    if isinstance(fmt, IntFormat):
+        rt.update(d_fb=fmt.fraction_bits, d_ibits=fmt.bits, d_imask=(1 << fmt.bits) - 1)
+        return {k: _i32(v) for k, v in rt.items()}, ce
+    e, m = fmt.exponent_bits, fmt.mantissa_bits
+    rt.update(
+        d_m=m,
+        d_bias=fmt.bias,
+        d_emin=fmt.min_exponent,
+        d_subn_mask=0xFFFFFFFF if fmt.subnormals else 0,
+        d_sign_mask=fmt.sign_mask,
+        d_mag_mask=_i32((1 << (e + m)) - 1),
+        d_frac_mask=(1 << m) - 1,
+        d_mant_one=1 << m,
+        d_top_field=(1 << e) - 1,
+    )
+    ce.update(D_ENC=_ENC[fmt.encoding], D_HAS_ZERO=fmt.has_zero)
+    return {k: _i32(v) for k, v in rt.items()}, ce

@@ -1,0 +1,98 @@
+"""The compiled (GPU) kernels build for sm_90 without a GPU: Triton lowers them to PTX and
+ptxas assembles them on the CPU, which catches type and lowering errors that the
+interpreter does not see (it runs the same source with numpy)."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from fpsim import get_format
+
+triton = pytest.importorskip("triton")
+
+try:
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+except ImportError:  # pragma: no cover - older triton
+    pytest.skip("this triton has no ASTSource/GPUTarget", allow_module_level=True)
+
+from fpsim.kernels import cast, hwcast  # noqa: E402
+from fpsim.kernels._loader import kernel_module  # noqa: E402
+
+TARGET = GPUTarget("cuda", 90, 32)
+_PTR = {"uint8": "*u8", "uint16": "*u16", "uint32": "*u32"}
+
+
+def _compile(fn, types: dict[str, str], consts: dict):
+    names = fn.arg_names
+    sig = {n: ("constexpr" if n in consts else types.get(n, "i32")) for n in names}
+    cidx = {(names.index(k),): v for k, v in consts.items()}
+    attrs = {(i,): [["tt.divisibility", 16]] for i in range(4) if sig[names[i]] != "constexpr"}
+    try:
+        return triton.compile(
+            ASTSource(fn=fn, signature=sig, constexprs=cidx, attrs=attrs),
+            target=TARGET,
+            options={"num_warps": 4, "enable_fp_fusion": False},
+        )
+    except RuntimeError as e:  # no ptxas / CUDA backend in this triton build
+        if "ptxas" in str(e).lower():
+            pytest.skip(f"cannot assemble for sm_90 here: {e}")
+        raise
+
+
+ENCODE = [
+    # format, mode, source (0 f32, 1 f16, 2 bf16), random (0, 1 bits, 2 seed), fused quantize
+    ("float8_e4m3fn", "nearest_even", 0, 0, False),
+    ("bfloat16", "stochastic", 0, 1, False),
+    ("float8_e8m0fnu", "toward_positive", 2, 0, False),
+    ("float8_e5m2fnuz", "odd", 1, 0, True),
+    ("float4_e2m1fn", "stochastic", 0, 2, True),
+    ("int8", "nearest_away", 0, 0, True),
+    ("float32", "toward_negative", 2, 0, False),
+]
+
+
+@pytest.mark.parametrize("fmt,mode,src,rand,quant", ENCODE)
+def test_encode_kernel_compiles_for_sm90(fmt, mode, src, rand, quant):
+    f = get_format(fmt)
+    mod = kernel_module("_portable", interpret=False)
+    ert, ece = cast._encode_args(f, cast.RoundMode.parse(mode), False, True, 32)
+    drt, dce = cast._decode_args(f if quant else None)
+    xt = "*i32" if src == 0 else "*i16"
+    types = {
+        "x_ptr": xt,
+        "r_ptr": "*i32" if rand == 1 else xt,
+        "out_ptr": "*i32" if quant else _PTR[f.code_dtype],
+    }
+    consts = dict(ece, **dce, SRC=src, RAND=rand, QUANT=quant, BLOCK=2048, I64=False)
+    k = _compile(mod.encode_kernel, types, consts)
+    ptx = k.asm["ptx"]
+    assert "ld.global.v4" in ptx or src != 0  # vectorised 128-bit loads
+    assert not re.search(r"\b(add|sub|mul|fma|div|min|max)(\.[a-z]+)*\.f(16|32|64)\b", ptx)  # integer-only
+
+
+@pytest.mark.parametrize("fmt", ["float16", "float8_e8m0fnu", "float32", "int4", "uint8"])
+def test_decode_kernel_compiles_for_sm90(fmt):
+    f = get_format(fmt)
+    drt, dce = cast._decode_args(f)
+    k = _compile(
+        kernel_module("_portable", interpret=False).decode_kernel,
+        {"c_ptr": _PTR[f.code_dtype], "out_ptr": "*i32"},
+        dict(dce, BLOCK=2048, I64=False),
+    )
+    assert "st.global.v4" in k.asm["ptx"]
+
+
+@pytest.mark.parametrize("fmt", list(hwcast.HW_FORMATS))
+def test_hardware_cast_kernel_compiles_for_sm90(fmt):
+    f = get_format(fmt)
+    consts = dict(hwcast.hw_consts(f, saturate=False, subnormals=False), BLOCK=2048, I64=False)
+    k = _compile(
+        kernel_module("_hw", interpret=False).hw_encode_kernel,
+        {"x_ptr": "*fp32", "out_ptr": _PTR[f.code_dtype]},
+        consts,
+    )
+    want = {"float16": "cvt.rn.f16x2.f32", "bfloat16": "cvt.rn.bf16x2.f32"}.get(fmt, "cvt.rn.satfinite.e")
+    assert want in k.asm["ptx"]
