@@ -333,8 +333,10 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--quiet", action="store_true", help="no progress bar")
     r.set_defaults(run=_cmd_replay)
 
+    from .accumulate_cli import add_parser as add_accumulate
     from .kernels.validate import add_parser as add_validate_kernels  # imports neither torch nor triton
 
+    add_accumulate(sub)
     add_validate_kernels(sub)
 
     g = sub.add_parser("figures", help="regenerate every figure the README shows")

@@ -97,6 +97,10 @@ def decode(codes: Any, fmt: str | AnyFormat) -> Any:
         )
     if fmt.bits == 32:
         return _bitcore.bitcast(xp, codes.astype(np.uint32), np.float32)
+    if fmt.bits > 16:  # too wide for a table: build the values from the fields
+        if xp is not np:
+            raise TypeError(f"decode: {fmt.name} ({fmt.bits} bits) is decoded on numpy arrays only")
+        return _float_table(fmt, codes.astype(np.int64))
     table = decode_table(fmt)
     if xp is np:
         return table[codes]

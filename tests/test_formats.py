@@ -144,3 +144,17 @@ def test_variants_by_replace_and_immutability():
 def test_invalid_formats_are_rejected_with_a_reason(kwargs, match):
     with pytest.raises((ValueError, TypeError), match=match):
         Format("bad", **kwargs)
+
+
+def test_wide_user_format_encodes_and_decodes_like_the_scalar_tier():
+    """A 22-bit float32-range format with 14 significant bits (a tensor-core accumulator)."""
+    from fpsim.reference import decode_scalar, encode_scalar
+
+    fmt = dataclasses.replace(get_format("float32"), name="p14", mantissa_bits=13)
+    x = np.random.default_rng(0).standard_normal(2000).astype(np.float32) * np.float32(1e-30)
+    x = np.concatenate([x, np.float32([0, -0.0, np.inf, np.nan, 3e38, 1e-45])])
+    codes = fpsim.encode(x, fmt)
+    assert codes.dtype == np.uint32
+    assert [int(c) for c in codes] == [encode_scalar(float(v), fmt) for v in x]
+    want = np.array([decode_scalar(int(c), fmt) for c in codes], np.float32)
+    np.testing.assert_array_equal(fpsim.decode(codes, fmt).view(np.uint32), want.view(np.uint32))
