@@ -11,6 +11,11 @@ Modules:
         or from an in-kernel Philox stream (``seed=``).
     hwcast: the GPU's own float8 / bfloat16 / float16 conversions (``.to(tl.float8e4nv)``
         and friends), with the emulator's saturation and overflow conventions; GPU only.
+    blocks: block quantization (MX, NVFP4, Transformer Engine per-tensor / 1x128 / 128x128,
+        block INT8 / FP8, bitsandbytes codebook): codes and scales bit-identical to
+        :func:`fpsim.scaling.encode_blocks`, portable like ``cast``.
+    metrics: the counts, sums and maxima of :mod:`fpsim.metrics` for a chunk (counts and
+        maxima exact; float64 sums within a stated bound).
     philox: numpy Philox4x32-10, the words of ``tl.randint`` for the emulator.
     validate: the bit-exact validation harness, ``validate_all`` and the
         ``fpsim validate-kernels`` command (``main``, ``add_parser``).

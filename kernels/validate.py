@@ -22,6 +22,10 @@ Inputs (float32 unless a 16-bit input dtype is asked for), see :func:`input_sets
 * ``trace``: the tensors of the bundled sample trace (:func:`fpsim.trace.sample_trace_path`),
   as recorded and scaled by a power of two to the format's range.
 
+Block kernels (``KernelSpec(recipes=True)``, e.g. ``blocks.encode_blocks``) run over the
+block recipes of :data:`fpsim.blockformat.RECIPES` instead, codes and scale codes compared
+with :func:`fpsim.scaling.encode_blocks` (inputs: :mod:`fpsim.kernels._validate_blocks`).
+
 For float16 / bfloat16 inputs the set ``inputs`` holds every 16-bit pattern (exhaustive;
 a sample with ``cases="quick"``).
 
@@ -763,12 +767,15 @@ class KernelSpec:
         applies: whether the kernel exists for a format and rounding mode (rows are made
             only for those).
         skip: why it cannot run for (format, rounding, device), or None.
+        recipes: the kernel takes block recipes (:data:`fpsim.blockformat.RECIPES`) instead
+            of element formats (:data:`fpsim.FORMATS`).
     """
 
     name: str
     run: Callable[..., list[Case]]
     applies: Callable[[AnyFormat, RoundMode], bool] = lambda f, m: True
     skip: Callable[[AnyFormat, RoundMode, str], str | None] = lambda f, m, d: None
+    recipes: bool = False
 
 
 KERNELS: dict[str, KernelSpec] = {}
@@ -822,6 +829,22 @@ def _hw_skip(fmt, rounding, device):
     return hwcast.unavailable_reason(fmt, device, rounding)
 
 
+def _blocks_run(fmt, rounding, *, cases, device, name):
+    from . import blocks
+    from ._validate_blocks import validate_blocks
+
+    return validate_blocks(blocks.encode_blocks, fmt, rounding, cases=cases, device=device, name=name)
+
+
+def _blocks_applies(bf, mode) -> bool:
+    """Codebook recipes round to the nearest entry only; lookup-table codebooks have no kernel."""
+    from fpsim.blockformat import Codebook
+
+    if isinstance(bf.element, Codebook):
+        return mode is RoundMode.NEAREST_EVEN and not bf.element.lut_bins
+    return True
+
+
 _SR = RoundMode.STOCHASTIC
 for _spec in (
     KernelSpec("cast.encode", _cast("encode")),
@@ -838,6 +861,7 @@ for _spec in (
         ),
         skip=_hw_skip,
     ),
+    KernelSpec("blocks.encode_blocks", _blocks_run, applies=_blocks_applies, recipes=True),
 ):
     register_kernel(_spec)
 
@@ -856,7 +880,9 @@ def validate_all(
     Args:
         device: "cpu" (Triton's interpreter) or "cuda".
         quick: fewer inputs per case (:func:`input_sets` with ``cases="quick"``).
-        formats: only these format names (default: all of :data:`fpsim.FORMATS`).
+        formats: only these format names (default: all of :data:`fpsim.FORMATS`, and for
+            block kernels all of :data:`fpsim.blockformat.RECIPES`; recipe names are
+            accepted too).
         kernels: only these kernels (names in :data:`KERNELS`).
         roundings: only these rounding modes.
         progress: show a progress bar.
@@ -870,10 +896,20 @@ def validate_all(
     """
     from tqdm.auto import tqdm
 
-    fmts = _pick(formats, list(FORMATS), "format")
+    from fpsim.blockformat import RECIPES
+
+    fmts = _pick(formats, list(FORMATS) + list(RECIPES), "format")
     specs = [KERNELS[k] for k in _pick(kernels, list(KERNELS), "kernel")]
     modes = [RoundMode.parse(m) for m in _pick(roundings, [m.value for m in RoundMode], "rounding")]
-    plan = [(s, FORMATS[f], m) for s in specs for f in fmts for m in modes if s.applies(FORMATS[f], m)]
+    plan = [
+        (s, table[f], m)
+        for s in specs
+        for table in [RECIPES if s.recipes else FORMATS]
+        for f in fmts
+        if f in table
+        for m in modes
+        if s.applies(table[f], m)
+    ]
     t0 = time.perf_counter()
     rows = []
     for spec, fmt, mode in tqdm(plan, disable=not progress, desc="validate-kernels", unit="case"):

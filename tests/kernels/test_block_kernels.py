@@ -1,0 +1,271 @@
+"""Block-quantization kernels (fpsim.kernels.blocks) against fpsim.scaling.encode_blocks, bit for bit.
+
+Runs in Triton's CPU interpreter (conftest). Inputs hold ragged last blocks, an all-zero
+block, blocks with inf and NaN, float32 subnormals (MX scale exponents clamped at -127)
+and values over 40 binades.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("triton")
+
+from fpsim.kernels import blocks  # noqa: E402
+
+from fpsim.blockformat import RECIPES, BlockFormat, ScaleRule  # noqa: E402
+from fpsim.formats import FORMATS  # noqa: E402
+from fpsim.scaling import encode_blocks as ref_encode  # noqa: E402
+
+
+def _inputs(shape: tuple, seed: int = 0) -> np.ndarray:
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal(shape) * np.exp2(rng.integers(-20, 20, shape))
+    x = x.astype(np.float32)
+    flat = x.reshape(-1)
+    flat[:40] = 0  # an all-zero block (32- and 16-element blocks)
+    flat[40:48] = (rng.standard_normal(8) * 2.0**-140).astype(np.float32)  # subnormals
+    flat[-3] = np.nan
+    flat[-9] = np.inf
+    flat[-20] = -np.inf
+    return x
+
+
+def _check(x: np.ndarray, bf, **kw) -> None:
+    got = blocks.encode_blocks(torch.from_numpy(x), bf, **kw)
+    kw_ref = dict(kw)
+    if "random_bits" in kw_ref:
+        kw_ref["random_bits"] = np.asarray(kw_ref["random_bits"])
+    want = ref_encode(x, bf, **kw_ref)
+    np.testing.assert_array_equal(got.codes.numpy(), want.codes)
+    assert got.scales.numpy().dtype == want.scales.dtype
+    np.testing.assert_array_equal(got.scales.numpy(), want.scales)
+    assert got.tensor_scale == want.tensor_scale
+
+
+def _shape(bf: BlockFormat) -> tuple:
+    if bf.block is not None and len(bf.block) == 2:
+        return (130, 135)  # ragged 128x128 tiles
+    if bf.block is not None and -1 not in bf.block and bf.block[0] >= 256:
+        return (3, 350)
+    return (5, 77)
+
+
+@pytest.mark.parametrize("name", sorted(RECIPES))
+def test_recipes_bit_exact(name):
+    bf = RECIPES[name]
+    _check(_inputs(_shape(bf)), name)
+
+
+_MX_ELEMENTS = {
+    "e4m3": FORMATS["float8_e4m3fn"],
+    "e5m2": FORMATS["float8_e5m2"],
+    "e2m1": FORMATS["float4_e2m1fn"],
+    "e2m3": FORMATS["float6_e2m3fn"],
+    "e3m2": FORMATS["float6_e3m2fn"],
+    "int8": RECIPES["mxint8"].element,
+}
+
+
+@pytest.mark.parametrize(
+    "rule", [ScaleRule.MX_FLOOR, ScaleRule.MX_CEIL, ScaleRule.MX_EVEN, ScaleRule.MX_RCEIL]
+)
+@pytest.mark.parametrize("elem", sorted(_MX_ELEMENTS))
+def test_mx_rules_bit_exact(rule, elem):
+    bf = BlockFormat(f"mx_{elem}_{rule.value}", _MX_ELEMENTS[elem], (32,), rule, FORMATS["float8_e8m0fnu"])
+    x = _inputs((3, 100), seed=1)
+    x[1, :32] = np.float32(448 * 1.0625)  # amax rounding up under EVEN / CEIL / RCEIL
+    x[2, 32:64] *= np.float32(2.0**100)  # overflowing exponents: NaN scales
+    _check(x, bf)
+
+
+@pytest.mark.parametrize(
+    "name", ["mxfp8_e4m3", "mxint8", "mxfp4_e2m1", "nvfp4", "e4m3_block128", "int8_block256", "e5m2_tensor"]
+)
+@pytest.mark.parametrize("rounding", ["nearest_away", "toward_zero", "toward_positive", "stochastic"])
+def test_roundings_bit_exact(name, rounding):
+    x = _inputs((4, 90), seed=2)
+    kw = {"rounding": rounding}
+    if rounding == "stochastic":
+        bits = np.random.default_rng(3).integers(0, 2**32, x.shape, dtype=np.uint32)
+        kw["random_bits"] = bits
+    _check(x, name, **kw)
+
+
+def test_rowwise_and_batched_tiles():
+    _check(_inputs((2, 3, 40)), "e4m3_row")
+    _check(_inputs((2, 130, 20)), "e4m3_tile128")
+    _check(_inputs((2, 3, 40)), "mxfp6_e3m2")
+
+
+def test_tensor_amax_and_eps():
+    x = _inputs((7, 33))
+    _check(x, "e4m3_tensor", tensor_amax=1000.0)
+    _check(x, "nvfp4", tensor_amax=3.0e4)
+    bf = dataclasses.replace(RECIPES["e4m3_block128"], name="te_eps", eps=1e-3, pow2=False)
+    _check(np.zeros((2, 130), np.float32), bf)
+    _check(x * np.float32(1e-6), bf)
+
+
+def test_trace_tensors():
+    from fpsim.trace import open_trace, sample_trace_path
+
+    trace = open_trace(sample_trace_path())
+    entries = [e for e in trace.entries(step=trace.steps[-1]) if e.is_float][:2]
+    for e in entries:
+        a = np.array(trace.read(e), dtype=np.float32)
+        a = a.reshape(-1)[:2048] if a.ndim < 2 else a[:40, :300]
+        for name in ("mxfp8_e4m3", "nvfp4", "bnb_dynamic8_block256", "e4m3_tensor"):
+            _check(np.ascontiguousarray(a), name)
+
+
+def test_errors():
+    x = torch.ones(4)
+    with pytest.raises(TypeError, match="element format"):
+        blocks.encode_blocks(x, "float8_e4m3fn")
+    with pytest.raises(TypeError, match="float32"):
+        blocks.encode_blocks(x.double(), "mxfp8_e4m3")
+    with pytest.raises(ValueError, match="empty"):
+        blocks.encode_blocks(torch.ones(0), "mxfp8_e4m3")
+    with pytest.raises(ValueError, match="nearest_even"):
+        blocks.encode_blocks(x, "bnb_dynamic8_block256", rounding="toward_zero")
+    with pytest.raises(ValueError):
+        blocks.encode_blocks(x, "mxfp8_e4m3", rounding="stochastic")
+    with pytest.raises(ValueError, match="tile|axes|block"):
+        blocks.encode_blocks(x, "e4m3_tile128")
+
+
+def test_validate_all_block_rows():
+    from fpsim.kernels import validate
+
+    report = validate.validate_all(
+        "cpu",
+        True,
+        formats=["mxfp4_e2m1", "bnb_dynamic8_block256", "float8_e4m3fn"],
+        kernels=["blocks.encode_blocks"],
+        roundings=["nearest_even", "stochastic"],
+    )
+    rows = {(r["format"], r["rounding"]): r for r in report["cases"]}
+    assert ("bnb_dynamic8_block256", "stochastic") not in rows  # codebooks: nearest only
+    assert ("mxfp4_e2m1", "stochastic") in rows and len(rows) == 3  # no element formats
+    assert report["mismatches"] == 0 and report["errors"] == 0
+    assert all(r["compared"] > 0 for r in rows.values())
+
+
+@pytest.mark.parametrize(
+    "name,rounding",
+    [("mxfp8_e4m3", "nearest_even"), ("mxint8", "stochastic"), ("nvfp4", "nearest_even")]
+    + [("bnb_dynamic8_block256", "nearest_even"), ("e4m3_tensor", "toward_zero"), ("e4m3_tile128", "odd")]
+    + [("int8_block256", "nearest_even")],
+)
+def test_block_kernel_compiles_for_sm90(name, rounding):
+    """Lowered to PTX without a GPU: every division is div.rn.f32 and nothing is fused."""
+    import re
+
+    triton = pytest.importorskip("triton")
+    try:
+        from triton.backends.compiler import GPUTarget
+        from triton.compiler import ASTSource
+    except ImportError:  # pragma: no cover - older triton
+        pytest.skip("this triton has no ASTSource/GPUTarget")
+    from fpsim.kernels._loader import kernel_module
+
+    from fpsim.rounding import RoundMode
+
+    bf = RECIPES[name]
+    mode = RoundMode.parse(rounding)
+    fn = kernel_module("_blocks_portable", interpret=False).block_kernel
+    rt, ce = blocks._kernel_args(bf, mode, 32)
+    scale8 = bf.scale_format.bits == 8
+    ce.update(
+        POW2=bf.pow2,
+        TAMAX=bf.block is None or bf.rule is ScaleRule.NVFP4,
+        ONE_SCALE=bf.block is None,
+        RAND=int(mode is RoundMode.STOCHASTIC),
+        SCALE8=scale8,
+        NMID=256,
+        NMID_LOG2=8 if "bnb" in name else 0,
+        BRP=4 if "tile" in name else 1,
+        BCP=32,
+    )
+    types = {"x_ptr": "*i32", "r_ptr": "*i32", "code_ptr": "*u8", "scale_ptr": "*u8" if scale8 else "*i32"}
+    types.update(tamax_ptr="*i32", mid_ptr="*fp32")
+    names = fn.arg_names
+    sig = {n: ("constexpr" if n in ce else types.get(n, "i32")) for n in names}
+    cidx = {(names.index(k),): v for k, v in ce.items()}
+    try:
+        k = triton.compile(
+            ASTSource(fn=fn, signature=sig, constexprs=cidx),
+            target=GPUTarget("cuda", 90, 32),
+            options={"num_warps": 4, "enable_fp_fusion": False},
+        )
+    except RuntimeError as e:  # pragma: no cover - no ptxas in this triton build
+        if "ptxas" in str(e).lower():
+            pytest.skip(f"cannot assemble for sm_90 here: {e}")
+        raise
+    ptx = k.asm["ptx"]
+    assert not re.search(r"\bfma(\.[a-z]+)*\.f32\b", ptx)
+    assert not re.search(r"\bdiv\.(full|approx)\.f32\b", ptx)
+    assert not re.search(r"\brcp\.approx", ptx)
+
+
+@pytest.mark.parametrize(
+    "name", ["mxfp8_e4m3", "nvfp4", "int8_block256", "bnb_dynamic8_block256", "e4m3_tensor"]
+)
+def test_metrics_tally_kernel(name):
+    """Counts and maxima equal fpsim.metrics' exactly; float sums within kernels.metrics.sum_bound."""
+    from fpsim.kernels.metrics import sum_bound, tally
+
+    from fpsim import metrics
+    from fpsim.scaling import decode_blocks
+
+    bf = RECIPES[name]
+    rng = np.random.default_rng(4)
+    x = (rng.standard_normal((3, 300)) * np.exp2(rng.integers(-30, 30, (3, 300)))).astype(np.float32)
+    x.reshape(-1)[:5] = [np.nan, np.inf, -np.inf, 0, 1e-45]
+    enc = ref_encode(x, bf)
+    q = decode_blocks(enc, bf)
+    want = metrics._tally(x.reshape(-1), q.reshape(-1), enc.codes.reshape(-1), bf.element, False)
+    got = tally(torch.from_numpy(x), torch.from_numpy(q), enc.codes, bf.element)
+    for k in ("elements", "nonzero", "nan_in", "inf_in", "underflow", "subnormal", "overflow", "saturated"):
+        assert got[k] == getattr(want, k), k
+    for k in ("max_abs_err", "max_rel_err", "max_abs_in"):
+        assert got[k] == getattr(want, k), k
+    for k in ("sum_sq_err", "sum_sq_signal", "underflow_energy"):
+        w, g = getattr(want, k), got[k]
+        assert abs(g - w) <= sum_bound(x.size) * w, k
+
+
+def test_metrics_kernel_compiles_for_sm90():
+    """The float64 division lowers to div.rn.f64 and no product is fused into an fma."""
+    import re
+
+    triton = pytest.importorskip("triton")
+    try:
+        from triton.backends.compiler import GPUTarget
+        from triton.compiler import ASTSource
+    except ImportError:  # pragma: no cover - older triton
+        pytest.skip("this triton has no ASTSource/GPUTarget")
+    from fpsim.kernels._loader import kernel_module
+
+    fn = kernel_module("_metrics_portable", interpret=False).tally_kernel
+    types = {"x_ptr": "*i32", "q_ptr": "*i32", "f_ptr": "*u8", "cnt_ptr": "*i32"}
+    types.update(sum_ptr="*fp64", max_ptr="*fp64", n="i32")
+    sig = {n: ("constexpr" if n == "BLOCK" else types[n]) for n in fn.arg_names}
+    try:
+        k = triton.compile(
+            ASTSource(fn=fn, signature=sig, constexprs={(fn.arg_names.index("BLOCK"),): 1024}),
+            target=GPUTarget("cuda", 90, 32),
+            options={"num_warps": 4, "enable_fp_fusion": False},
+        )
+    except RuntimeError as e:  # pragma: no cover - no ptxas in this triton build
+        if "ptxas" in str(e).lower():
+            pytest.skip(f"cannot assemble for sm_90 here: {e}")
+        raise
+    ptx = k.asm["ptx"]
+    assert "div.rn.f64" in ptx
+    assert not re.search(r"\bfma(\.[a-z]+)*\.f64\b", ptx)
