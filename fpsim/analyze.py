@@ -205,12 +205,11 @@ def _swamping(tr: Any, e: Any, grad: np.ndarray, fmts: list, seed: int, out: Ana
             f"{params[0].file}: param {e.name!r} has shape {tuple(theta.shape)}, "
             f"its gradient {tuple(grad.shape)}"
         )
-    delta = (np.float32(-lr) * np.asarray(grad, np.float32)).astype(np.float32)
     for f in fmts:
         if isinstance(f, Format):
             for m in (RoundMode.NEAREST_EVEN, RoundMode.STOCHASTIC):
                 out.swamping[(e.step, "param", e.name, f.name, m.value)] = measure_swamping(
-                    theta, delta, f, m, seed=seed
+                    theta, grad, f, m, seed=seed, scale=-lr
                 )
 
 

@@ -178,6 +178,11 @@ def _cmd_analyze(args: argparse.Namespace) -> int:
     from .report import summary_text, write_report
 
     formats = [*(args.format or []), *(args.recipe or [])] or list(DEFAULT_FORMATS)
+    if args.dask:
+        from .distributed_cli import run_analyze
+
+        result = run_analyze(args, formats)
+        return _emit(result.summary(), summary_text(result), write_report(result, args.out), args.json)
     result = analyze(
         args.trace,
         formats,
@@ -306,6 +311,9 @@ def build_parser() -> argparse.ArgumentParser:
     a.add_argument("--json", action="store_true", help="print the JSON summary instead of the table")
     a.add_argument("--no-swamping", action="store_true", help="skip the swamping estimate")
     a.add_argument("--quiet", action="store_true", help="no progress bar")
+    from .distributed_cli import add_dask_argument
+
+    add_dask_argument(a)
     a.set_defaults(run=_cmd_analyze)
 
     r = sub.add_parser("replay", help="replay a trace's gradients through low-precision optimizers vs FP32")

@@ -383,8 +383,13 @@ def measure_swamping(
     rounding: RoundMode | str = RoundMode.NEAREST_EVEN,
     *,
     seed: int = 0,
+    scale: float | None = None,
 ) -> SwampPartial:
     """How much of the update ``delta`` survives when added to ``theta`` stored in ``fmt``.
+
+    With ``scale`` the update is ``float32(scale * delta)``, formed chunk by chunk (pass the
+    gradient and ``-lr`` to keep memory bounded). Sums that overflow the format count as
+    updates that were not lost, with no realised size.
 
     ``theta`` is first stored in ``fmt`` (nearest-even); the sum is formed exactly (float64
     holds the sum of two float32 values that matters for rounding) and rounded once to
@@ -401,13 +406,15 @@ def measure_swamping(
     for start in range(0, theta.size, CHUNK):
         t = emulate.quantize(np.asarray(theta[start : start + CHUNK], np.float32), fmt)
         d = np.asarray(delta[start : start + CHUNK], np.float32)
+        if scale is not None:
+            d = np.float32(scale) * d
         kw: dict[str, Any] = {"rounding": mode}
         if mode is RoundMode.STOCHASTIC:
             kw["random_bits"] = random_bits_at(seed, start, t.size)
         with np.errstate(invalid="ignore", over="ignore"):
             new = emulate.quantize(t.astype(np.float64) + d, fmt, **kw)
             upd = np.isfinite(d) & (d != 0) & np.isfinite(t)
-            realised = np.where(upd, new.astype(np.float64) - t, 0.0)
+            realised = np.where(upd & np.isfinite(new), new.astype(np.float64) - t, 0.0)
             total = total + SwampPartial(
                 updates=int(np.count_nonzero(upd)),
                 lost=int(np.count_nonzero(upd & (new == t))),

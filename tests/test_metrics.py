@@ -185,3 +185,17 @@ def test_swamping_needs_an_element_format_and_matching_shapes():
         measure_swamping(np.ones(3), np.ones(3), "mxfp8_e4m3")
     with pytest.raises(ValueError, match="3 elements, delta 2"):
         measure_swamping(np.ones(3), np.ones(2), "float16")
+
+
+def test_swamping_survives_an_update_that_overflows_the_format():
+    """448 + 100 overflows E4M3 (NaN): counted as an update, not lost, no realised size; the
+    scaled form (gradient and -lr, formed chunk by chunk) gives the same as a precomputed delta."""
+    theta = np.array([448.0, 1.0], np.float32)
+    grad = np.array([-100.0, -1e-6], np.float32)
+    s = measure_swamping(theta, grad, "float8_e4m3fn", scale=-1.0)
+    assert (s.updates, s.lost) == (2, 1) and s.update_ratio == 0.0
+    rng = np.random.default_rng(7)
+    th, g = rng.standard_normal(5000).astype(np.float32), rng.standard_normal(5000).astype(np.float32)
+    a = measure_swamping(th, g, "bfloat16", "stochastic", seed=3, scale=-1e-3)
+    b = measure_swamping(th, np.float32(-1e-3) * g, "bfloat16", "stochastic", seed=3)
+    assert a.totals() == b.totals()

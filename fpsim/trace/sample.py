@@ -208,15 +208,18 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("out", help="trace folder to write")
     ap.add_argument("--steps", type=int, default=200, help="optimizer updates (default 200)")
     ap.add_argument("--every", type=int, default=10, help="record every K updates (default 10)")
-    ap.add_argument("--window", type=int, default=10, help="also record each of the last W updates (default 10)")
+    ap.add_argument(
+        "--window", type=int, default=10, help="also record each of the last W updates (default 10)"
+    )
     ap.add_argument("--seed", type=int, default=0, help="seed (default 0)")
     ap.add_argument("--overwrite", action="store_true", help="replace an existing trace in OUT")
     args = ap.parse_args(argv)
     from .importers import open_trace
 
     try:
-        out = make_sample_trace(args.out, args.steps, args.every, args.seed, overwrite=args.overwrite,
-                                window=args.window)
+        out = make_sample_trace(
+            args.out, args.steps, args.every, args.seed, overwrite=args.overwrite, window=args.window
+        )
     except FileExistsError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
