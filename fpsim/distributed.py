@@ -69,11 +69,11 @@ from .metrics import (
     CHUNK,
     Partial,
     SwampPartial,
-    _chunk_view,
-    _needs_tensor_amax,
     chunk_slices,
+    chunk_view,
     measure_chunk,
     measure_swamping,
+    needs_tensor_amax,
     tensor_amax,
 )
 from .rounding import RoundMode
@@ -190,12 +190,12 @@ def _run_batch(
                     f, m = fmts[j // len(modes)], modes[j % len(modes)]
                     parts.append(
                         measure_chunk(
-                            _chunk_view(x, it.src.shape, 0, x.size, f),
+                            chunk_view(x, it.src.shape, 0, x.size, f),
                             f,
                             m,
                             offset=it.start,
                             seed=it.seed,
-                            tensor_amax=amax if _needs_tensor_amax(f) else None,
+                            tensor_amax=amax if needs_tensor_amax(f) else None,
                             with_hist=j == 0,
                         )
                     )
@@ -498,7 +498,7 @@ class _Plan:
                 if fi not in by_fmt:
                     by_fmt[fi] = chunk_slices(shape, self.fmts[fi])
                 sl = by_fmt[fi]
-                g = (sl[0][1] - sl[0][0] if sl else 0, _needs_tensor_amax(self.fmts[fi]))
+                g = (sl[0][1] - sl[0][0] if sl else 0, needs_tensor_amax(self.fmts[fi]))
                 groups.setdefault(g, []).append(j)
                 slices[g] = sl
             two_pass = any(g[1] and (len(slices[g]) > 1 or n > _AMAX_PART) for g in groups)

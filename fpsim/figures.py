@@ -41,8 +41,14 @@ def spacing_figure():
         low = emin - (m if fmt.subnormals else 0)
         e = np.arange(low, fmt.max_exponent + 1)
         rel = np.exp2(np.maximum(e, emin) - m - e)
-        ax.step(np.append(e, e[-1] + 1), np.append(rel, rel[-1]), where="post", lw=1.6,
-                color=palette()[i % len(palette())], label=f"{name} ({fmt.bits} bits)")
+        ax.step(
+            np.append(e, e[-1] + 1),
+            np.append(rel, rel[-1]),
+            where="post",
+            lw=1.6,
+            color=palette()[i % len(palette())],
+            label=f"{name} ({fmt.bits} bits)",
+        )
     ax.set_yscale("log", base=2)
     ax.set_xlabel("log2 |x|")
     ax.set_ylabel("relative spacing ulp(x) / x at x = 2**e")

@@ -41,6 +41,9 @@ from .rounding import RoundMode
 from .scaling import decode_blocks, encode_blocks
 
 __all__ = [
+    "chunk_view",
+    "element_flags",
+    "needs_tensor_amax",
     "Partial",
     "SwampPartial",
     "measure",
@@ -182,7 +185,7 @@ def chunk_slices(shape: tuple[int, ...], fmt: Any) -> list[tuple[int, int]]:
     return [(i, min(i + step, n)) for i in range(0, n, step)]
 
 
-def _chunk_view(flat: np.ndarray, shape: tuple[int, ...], start: int, stop: int, fmt: Any) -> np.ndarray:
+def chunk_view(flat: np.ndarray, shape: tuple[int, ...], start: int, stop: int, fmt: Any) -> np.ndarray:
     """The chunk shaped so the recipe sees whole rows (or whole leading slices)."""
     part = flat[start:stop]
     if not (isinstance(fmt, BlockFormat) and not fmt.flatten and fmt.block is not None and len(shape) > 1):
@@ -230,10 +233,10 @@ def measure(
     x = np.asarray(x) if not isinstance(x, np.ndarray) else x
     shape = x.shape
     flat = x.reshape(-1)
-    amax = tensor_amax(flat) if _needs_tensor_amax(fmt) else None
+    amax = tensor_amax(flat) if needs_tensor_amax(fmt) else None
     total = Partial()
     for start, stop in chunk_slices(shape, fmt):
-        part = _chunk_view(flat, shape, start, stop, fmt)
+        part = chunk_view(flat, shape, start, stop, fmt)
         total = total + measure_chunk(
             part,
             fmt,
@@ -249,7 +252,7 @@ def measure(
     return total
 
 
-def _needs_tensor_amax(fmt: Any) -> bool:
+def needs_tensor_amax(fmt: Any) -> bool:
     return isinstance(fmt, BlockFormat) and (fmt.block is None or fmt.rule is ScaleRule.NVFP4)
 
 
@@ -301,7 +304,7 @@ def _tally(x: np.ndarray, q: np.ndarray, codes: np.ndarray, el: Any, with_hist: 
     Float sums: float64 pairwise sums per sub-block, added in order, then kept exactly.
     """
     p = Partial(elements=x.size)
-    at_max_all, sub_all = _element_flags(codes, el)
+    at_max_all, sub_all = element_flags(codes, el)
     counts = np.zeros(7, np.int64)  # nan, finite, nonzero, overflow, underflow, subnormal, saturated
     s_err = s_sig = s_under = 0.0
     m_err = m_rel = m_in = 0.0
@@ -353,7 +356,7 @@ def _tally(x: np.ndarray, q: np.ndarray, codes: np.ndarray, el: Any, with_hist: 
     return p
 
 
-def _element_flags(codes: np.ndarray, el: Any) -> tuple[np.ndarray, np.ndarray | None]:
+def element_flags(codes: np.ndarray, el: Any) -> tuple[np.ndarray, np.ndarray | None]:
     """(element code is +-max, element is subnormal) per element; None where meaningless."""
     if isinstance(el, Codebook):
         return (codes == 0) | (codes == len(el.values) - 1), None
@@ -429,4 +432,4 @@ def iter_chunks(x: np.ndarray, fmt: Any) -> Iterator[tuple[int, np.ndarray]]:
     fmt = get_format(fmt)
     flat = x.reshape(-1)
     for start, stop in chunk_slices(x.shape, fmt):
-        yield start, _chunk_view(flat, x.shape, start, stop, fmt)
+        yield start, chunk_view(flat, x.shape, start, stop, fmt)

@@ -18,7 +18,7 @@ inputs ``x``, the stored values ``q`` (float32) and the element codes:
 
 Not covered: the log2 histogram (``with_hist``); the element flags (code at +-max,
 subnormal element) are computed from the codes on the host with
-:func:`fpsim.metrics._element_flags`.
+:func:`fpsim.metrics.element_flags`.
 """
 
 from __future__ import annotations
@@ -54,7 +54,7 @@ def tally(x: Any, q: Any, codes: Any, element: Any) -> dict[str, Any]:
         element: the element format (:class:`~fpsim.Format`, :class:`~fpsim.IntFormat`
             or :class:`~fpsim.blockformat.Codebook`).
     """
-    from fpsim.metrics import _element_flags
+    from fpsim.metrics import element_flags
 
     torch = require_torch()
     for name, t in (("x", x), ("q", q)):
@@ -63,7 +63,7 @@ def tally(x: Any, q: Any, codes: Any, element: Any) -> dict[str, Any]:
     if tuple(q.shape) != tuple(x.shape):
         raise ValueError(f"tally: q has shape {tuple(q.shape)}; x has {tuple(x.shape)}")
     c = codes.cpu().numpy() if isinstance(codes, torch.Tensor) else np.asarray(codes)
-    at_max, sub = _element_flags(c.reshape(-1), element)
+    at_max, sub = element_flags(c.reshape(-1), element)
     flags = at_max.astype(np.uint8) | (sub.astype(np.uint8) << 1 if sub is not None else np.uint8(0))
     n = x.numel()
     block = min(_BLOCK, 1 << max(4, (n - 1).bit_length()))
