@@ -12,9 +12,6 @@ import math
 import zlib
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from functools import reduce
-from operator import add
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -215,12 +212,3 @@ def _swamping(tr: Any, e: Any, grad: np.ndarray, fmts: list, seed: int, out: Ana
 
 def _is_float(dtype: str) -> bool:
     return dtype.startswith(("float", "bfloat"))
-
-
-def total(partials: Iterable[Partial]) -> Partial:
-    """Sum of partials (empty -> an empty Partial)."""
-    return reduce(add, partials, Partial())
-
-
-def default_out_dir() -> Path:
-    return Path("fpsim-report")

@@ -517,8 +517,3 @@ def _round_master(run: _Run, name: str, p_old, p_f32, mode: RoundMode, seed: int
     new = emulate.quantize(p_old.astype(np.float64) + y, fmt, **kw)
     run.comp[name] = emulate.quantize(y - (new.astype(np.float64) - p_old), fmt)
     return new
-
-
-def with_name(cfg: ReplayConfig, name: str) -> ReplayConfig:
-    """A copy of ``cfg`` under another name."""
-    return replace(cfg, name=name)
