@@ -44,15 +44,21 @@ def fma32(a, b, c) -> np.ndarray:
     Boldo & Melquiond, "Emulation of FMA and correctly rounded sums", 2008). Tested against
     exact rationals.
     """
-    p = np.multiply(a, b, dtype=np.float64)
-    c64 = np.asarray(c, np.float64)
-    r = p + c64
-    out = r.astype(_F32)
-    bits = r.view(np.uint64)
-    risky = ((bits & np.uint64(0x1FFFFFFF)) == np.uint64(0x10000000)) | (np.abs(r) < 2.0**-125)
-    if risky.any():
-        pb, cb = np.broadcast_to(p, r.shape)[risky], np.broadcast_to(c64, r.shape)[risky]
-        out[risky] = _fma32_odd(pb, cb)
+    a, b, c = np.broadcast_arrays(np.asarray(a, _F32), np.asarray(b, _F32), np.asarray(c, _F32))
+    out = np.empty(a.shape, _F32)
+    fa, fb, fc, fo = (v.reshape(-1) for v in (a, b, c, out))
+    step = 1 << 15  # float64 temporaries that stay in cache
+    for i in range(0, fo.size, step):
+        p = np.multiply(fa[i : i + step], fb[i : i + step], dtype=np.float64)
+        c64 = fc[i : i + step].astype(np.float64)
+        r = p + c64
+        o = r.astype(_F32)
+        risky = ((r.view(np.uint64) & np.uint64(0x1FFFFFFF)) == np.uint64(0x10000000)) | (
+            np.abs(r) < 2.0**-125
+        )
+        if risky.any():
+            o[risky] = _fma32_odd(p[risky], c64[risky])
+        fo[i : i + step] = o
     return out
 
 
@@ -99,8 +105,10 @@ class Adam(Optimizer):
     decoupled = False
 
     def step(self, p, g, states, lr, t):
+        return self._step(p, g, states["exp_avg"], states["exp_avg_sq"], lr, t)
+
+    def _step(self, p, g, m, v, lr, t):
         b1, b2 = self.betas
-        m, v = states["exp_avg"], states["exp_avg_sq"]
         if self.weight_decay:
             if self.decoupled:
                 p = p * _F32(1 - lr * self.weight_decay)
