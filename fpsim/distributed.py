@@ -52,7 +52,6 @@ from __future__ import annotations
 import json
 import math
 import os
-import struct
 import zlib
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -315,39 +314,9 @@ class _Reader:
 
 def _read_slots(f: Any, url: str) -> dict[str, Any]:
     """The tensor slots of a safetensors file open in ``f``, validated like ``read_header``."""
-    from .trace.safetensors_io import _MAX_HEADER, _check_regions, _no_duplicates, _slot
+    from .trace.safetensors_io import read_header_from
 
-    try:
-        size = f.seek(0, 2)
-        f.seek(0)
-        head = f.read(8)
-        if len(head) < 8:
-            raise TraceError(f"{url}: truncated safetensors file ({size} bytes, no 8-byte header length)")
-        (n,) = struct.unpack("<Q", head)
-        if n > _MAX_HEADER or n > size - 8:
-            raise TraceError(
-                f"{url}: corrupt or truncated safetensors file: header length {n} "
-                f"does not fit in the file of {size} bytes"
-            )
-        raw = f.read(n)
-    except OSError as e:
-        raise TraceError(f"{url}: cannot read safetensors file: {e}") from e
-    try:
-        header = json.loads(raw.decode("utf-8"), object_pairs_hook=_no_duplicates)
-    except (UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise TraceError(f"{url}: corrupt safetensors header (not valid UTF-8 JSON: {e})") from e
-    except KeyError as e:
-        raise TraceError(f"{url}: corrupt safetensors header (key {e.args[0]!r} appears twice)") from None
-    if not isinstance(header, dict):
-        raise TraceError(f"{url}: corrupt safetensors header (a JSON object is required)")
-    header.pop("__metadata__", None)
-    slots, regions = {}, []
-    for key, info in header.items():
-        slot, begin, end = _slot(url, key, info, 8 + n)
-        slots[key] = slot
-        regions.append((begin, end, key))
-    _check_regions(url, regions, size - 8 - n)
-    return slots
+    return dict(read_header_from(f, url).tensors)
 
 
 @lru_cache(maxsize=2)

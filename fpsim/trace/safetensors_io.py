@@ -145,44 +145,54 @@ def read_header(path: str | os.PathLike[str]) -> SafetensorsHeader:
     """
     path = Path(path)
     try:
-        size = path.stat().st_size
         with open(path, "rb") as f:
-            head = f.read(8)
-            if len(head) < 8:
-                raise TraceError(
-                    f"{path}: truncated safetensors file ({size} bytes, no 8-byte header length)"
-                )
-            (n,) = struct.unpack("<Q", head)
-            if n > _MAX_HEADER or n > size - 8:
-                raise TraceError(
-                    f"{path}: corrupt or truncated safetensors file: header length {n} "
-                    f"does not fit in the file of {size} bytes"
-                )
-            raw = f.read(n)
+            return read_header_from(f, path)
     except OSError as e:
         raise TraceError(f"{path}: cannot read safetensors file: {e}") from e
+
+
+def read_header_from(f: Any, name: str | os.PathLike[str]) -> SafetensorsHeader:
+    """:func:`read_header` for an open, seekable binary file object (local or fsspec).
+
+    ``name`` (a path or URL) is what error messages and ``SafetensorsHeader.path`` show.
+    """
+    try:
+        size = f.seek(0, 2)
+        f.seek(0)
+        head = f.read(8)
+        if len(head) < 8:
+            raise TraceError(f"{name}: truncated safetensors file ({size} bytes, no 8-byte header length)")
+        (n,) = struct.unpack("<Q", head)
+        if n > _MAX_HEADER or n > size - 8:
+            raise TraceError(
+                f"{name}: corrupt or truncated safetensors file: header length {n} "
+                f"does not fit in the file of {size} bytes"
+            )
+        raw = f.read(n)
+    except OSError as e:
+        raise TraceError(f"{name}: cannot read safetensors file: {e}") from e
     try:
         header = json.loads(raw.decode("utf-8"), object_pairs_hook=_no_duplicates)
     except (UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise TraceError(f"{path}: corrupt safetensors header (not valid UTF-8 JSON: {e})") from e
+        raise TraceError(f"{name}: corrupt safetensors header (not valid UTF-8 JSON: {e})") from e
     except KeyError as e:
-        raise TraceError(f"{path}: corrupt safetensors header (key {e.args[0]!r} appears twice)") from None
+        raise TraceError(f"{name}: corrupt safetensors header (key {e.args[0]!r} appears twice)") from None
     if not isinstance(header, dict):
-        raise TraceError(f"{path}: corrupt safetensors header (a JSON object is required)")
+        raise TraceError(f"{name}: corrupt safetensors header (a JSON object is required)")
     metadata = header.pop("__metadata__", None) or {}
     if not isinstance(metadata, dict) or not all(
         isinstance(k, str) and isinstance(v, str) for k, v in metadata.items()
     ):
-        raise TraceError(f"{path}: corrupt safetensors header (__metadata__ must map str to str)")
+        raise TraceError(f"{name}: corrupt safetensors header (__metadata__ must map str to str)")
     data_start = 8 + n
     tensors: dict[str, TensorSlot] = {}
     regions: list[tuple[int, int, str]] = []
     for key, info in header.items():
-        slot, begin, end = _slot(path, key, info, data_start)
+        slot, begin, end = _slot(name, key, info, data_start)
         tensors[key] = slot
         regions.append((begin, end, key))
-    _check_regions(path, regions, size - data_start)
-    return SafetensorsHeader(path=path, tensors=tensors, metadata=dict(metadata), size=size)
+    _check_regions(name, regions, size - data_start)
+    return SafetensorsHeader(path=name, tensors=tensors, metadata=dict(metadata), size=size)
 
 
 def _no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
