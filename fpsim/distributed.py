@@ -773,22 +773,6 @@ def analyze_distributed(
 # --- replay, split by tensor -----------------------------------------------------------------
 
 
-def _tensor_subset(trace: Trace, names: Sequence[str]) -> Trace:
-    """A view of ``trace`` whose entries (all roles) are only those of the tensors ``names``."""
-    from .trace import Trace
-
-    keep = frozenset(names)
-
-    class _Subset(Trace):
-        def __init__(self) -> None:
-            self.__dict__.update(trace.__dict__)
-
-        def entries(self, step: int | None = None, role: str | None = None) -> list[Any]:
-            return [e for e in super().entries(step, role) if e.name in keep]
-
-    return _Subset()
-
-
 def _replay_part(
     path: str, names: Sequence[str] | None, configs: Sequence[Any], kw: Mapping[str, Any]
 ) -> Any:
@@ -796,8 +780,7 @@ def _replay_part(
     from .replay import replay
     from .trace import open_trace
 
-    tr = open_trace(path)
-    return replay(tr if names is None else _tensor_subset(tr, names), configs, progress=False, **kw)
+    return replay(open_trace(path), configs, tensors=names, progress=False, **kw)
 
 
 def _groups(sizes: Mapping[str, int], k: int) -> list[list[str]]:
@@ -869,7 +852,7 @@ def replay_distributed(
         raise ValueError(f"{tr.path}: steps {missing} are not in the trace (it has {tr.steps})")
     names = [e.name for e in tr.entries(step=wanted[0], role="grad")] if wanted else []
     sizes = {e.name: e.size for e in tr.entries(step=wanted[0], role="grad")} if wanted else {}
-    kw = {"optimizer": optimizer, "lr": lr, "steps": wanted, "seed": seed}
+    kw = {"optimizer": optimizer, "lr": lr, "steps": wanted, "seed": seed, "threads": threads_per_worker}
     path = str(Path(tr.path).absolute())
     client, close = _connect(scheduler, n_workers, threads_per_worker, memory_limit)
     try:

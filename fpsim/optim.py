@@ -81,6 +81,9 @@ class Optimizer:
 
     name: ClassVar[str] = "optimizer"
     states: ClassVar[tuple[str, ...]] = ()
+    elementwise: ClassVar[bool] = False
+    """Whether each output element depends only on the same element of the inputs (then the
+    replay may update pieces of a tensor in parallel; False for factored optimizers)."""
 
     def step(self, p: np.ndarray, g: np.ndarray, states: dict[str, np.ndarray], lr: float, t: int):
         """Return the new parameter and states for update number ``t`` (1-based)."""
@@ -102,6 +105,7 @@ class Adam(Optimizer):
     eps: float = 1e-8
     name = "adam"
     states = ("exp_avg", "exp_avg_sq")
+    elementwise = True
     decoupled = False
 
     def step(self, p, g, states, lr, t):
@@ -140,6 +144,7 @@ class SGD(Optimizer):
     momentum: float = 0.9
     name = "sgd"
     states = ("momentum_buffer",)
+    elementwise = True
 
     def step(self, p, g, states, lr, t):
         if self.weight_decay:

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import fnmatch
 import math
+import os
 import zlib
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field, replace
@@ -328,7 +329,9 @@ def replay(
     lr: float | None = None,
     steps: Iterable[int] | None = None,
     seed: int = 0,
+    tensors: Iterable[str] | None = None,
     progress: bool = True,
+    threads: int | None = None,
 ) -> ReplayResult:
     """Replay ``trace``'s gradients through ``configs`` next to an FP32 reference.
 
@@ -339,8 +342,15 @@ def replay(
         lr: learning rate for every step; None uses the trace's recorded lr per step.
         steps: the recorded steps to replay (default all), replayed in increasing order.
         seed: base seed of stochastic rounding (counter-based, per step and tensor).
+        tensors: replay only these tensors (names as recorded; default all). A loss scaler
+            then sees only their gradients.
         progress: show a progress bar.
+        threads: worker threads (default: the CPUs this process may use). Tensors, and
+            pieces of large tensors in elementwise optimizer steps, are updated in parallel
+            (numpy releases the GIL); the result does not depend on the number of threads.
     """
+    from concurrent.futures import ThreadPoolExecutor
+
     from tqdm.auto import tqdm
 
     from .trace import Trace, open_trace, sample_trace_path
@@ -356,6 +366,12 @@ def replay(
     if missing:
         raise ValueError(f"{tr.path}: steps {missing} are not in the trace (it has {tr.steps})")
     names = [e.name for e in tr.entries(step=wanted[0], role="grad")]
+    if tensors is not None:
+        keep = list(tensors)
+        unknown = sorted(set(keep) - set(names))
+        if unknown:
+            raise ValueError(f"{tr.path}: tensors {unknown} have no gradient at step {wanted[0]}")
+        names = [n for n in names if n in set(keep)]
     first = wanted[0]
     params, ref_states = {}, {}
     for name in names:
@@ -365,35 +381,82 @@ def replay(
     result = ReplayResult(str(tr.path), cfgs, wanted, sizes={n: int(params[n].size) for n in names})
     runs = [_start(c, params, ref_states, optimizer) for c in cfgs]
     bar = tqdm(total=len(wanted) * len(names), disable=not progress, desc="replay", unit="tensor-step")
-    for step in wanted:
-        lr_s = lr if lr is not None else tr.lr(step)
-        if lr_s is None:
-            raise ValueError(f"{tr.path}: step {step} has no recorded lr; pass lr=")
-        grads = {}
-        for name in names:
-            g = np.asarray(tr.read(tr.entry(step, name, "grad")), _F32)
-            if g.shape != params[name].shape:
-                raise ValueError(
-                    f"{tr.path}: step {step} gradient {name!r} has shape {g.shape}, "
-                    f"expected {params[name].shape}"
-                )
-            grads[name] = g
-        ref_new = {}
-        for name in names:
-            p_new, s_new = optimizer.step(params[name], grads[name], ref_states[name], lr_s, step)
-            ref_new[name] = (p_new, s_new)
-        for run in runs:
-            _step_config(run, optimizer, step, lr_s, grads, params, ref_new, seed, result)
-        for name in names:
-            params[name], ref_states[name] = ref_new[name]
-            bar.update(1)
-    bar.close()
+    pool = ThreadPoolExecutor(max_workers=_threads(threads))
+    try:
+        for step in wanted:
+            _replay_step(tr, step, names, lr, optimizer, params, ref_states, runs, seed, result, pool)
+            bar.update(len(names))
+    finally:
+        pool.shutdown()
+        bar.close()
     result.final_params["reference"] = params
     result.final_states["reference"] = ref_states
     for run in runs:
         result.final_params[run.cfg.name] = run.master
         result.final_states[run.cfg.name] = run.loaded
     return result
+
+
+def _threads(threads: int | None) -> int:
+    if threads is None:
+        return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    if not isinstance(threads, int) or threads < 1:
+        raise ValueError(f"replay: threads must be a positive integer, got {threads!r}")
+    return threads
+
+
+_PIECE = 1 << 19  # elements per task of an elementwise optimizer step
+
+
+def _replay_step(tr, step, names, lr, optimizer, params, ref_states, runs, seed, result, pool) -> None:
+    """One recorded step: the FP32 reference, then each configuration, tensors in parallel."""
+    lr_s = lr if lr is not None else tr.lr(step)
+    if lr_s is None:
+        raise ValueError(f"{tr.path}: step {step} has no recorded lr; pass lr=")
+    grads = {}
+    for name in names:
+        g = np.asarray(tr.read(tr.entry(step, name, "grad")), _F32)
+        if g.shape != params[name].shape:
+            raise ValueError(
+                f"{tr.path}: step {step} gradient {name!r} has shape {g.shape}, expected {params[name].shape}"
+            )
+        grads[name] = g
+    ref_new = _reference_step(optimizer, names, params, grads, ref_states, lr_s, step, pool)
+    for run in runs:
+        _step_config(run, optimizer, step, lr_s, grads, params, ref_new, seed, result, pool)
+    for name in names:
+        params[name], ref_states[name] = ref_new[name]
+
+
+def _reference_step(optimizer, names, params, grads, states, lr, step, pool) -> dict[str, tuple]:
+    """``optimizer.step`` on every tensor; elementwise steps also split large tensors."""
+    tasks, out = [], {}
+    for name in names:
+        p, n = params[name], params[name].size
+        if not optimizer.elementwise or n <= _PIECE:
+            tasks.append((name, None))
+            continue
+        new_p = np.empty(p.shape, _F32)
+        new_s = {st: np.empty(p.shape, _F32) for st in optimizer.states}
+        out[name] = (new_p, new_s)
+        tasks += [(name, slice(i, min(i + _PIECE, n))) for i in range(0, n, _PIECE)]
+
+    def run(task):
+        name, part = task
+        p, g, s = params[name], grads[name], states[name]
+        if part is None:
+            return task, optimizer.step(p, g, s, lr, step)
+        flat = {st: v.reshape(-1)[part] for st, v in s.items() if v is not None}
+        p_new, s_new = optimizer.step(p.reshape(-1)[part], g.reshape(-1)[part], flat, lr, step)
+        out[name][0].reshape(-1)[part] = p_new
+        for st, v in s_new.items():
+            out[name][1][st].reshape(-1)[part] = v
+        return task, None
+
+    for (name, part), res in pool.map(run, tasks):
+        if part is None:
+            out[name] = res
+    return out
 
 
 def _initial(tr: Any, step: int, name: str, role: str, shape: tuple) -> np.ndarray:
@@ -451,11 +514,12 @@ def _grad(run: _Run, name: str, g: np.ndarray) -> tuple[np.ndarray, bool]:
         return (q * run.scaler.inv_scale if run.scaler else q), inf
 
 
-def _step_config(run, optimizer, step, lr, grads, params, ref_new, seed, result) -> None:
+def _step_config(run, optimizer, step, lr, grads, params, ref_new, seed, result, pool) -> None:
     cfg = run.cfg
-    unscaled, found_inf = {}, False
-    for name, g in grads.items():
-        unscaled[name], inf = _grad(run, name, g)
+    found_inf = False
+    unscaled = {}
+    for name, (q, inf) in zip(grads, pool.map(lambda n: _grad(run, n, grads[n]), list(grads))):
+        unscaled[name] = q
         found_inf |= inf
     scale = run.scaler.scale if run.scaler else 1.0
     skip = found_inf and run.scaler is not None
@@ -464,44 +528,60 @@ def _step_config(run, optimizer, step, lr, grads, params, ref_new, seed, result)
     if run.scaler is not None:
         run.scaler = cfg.loss_scaler.update(run.scaler, found_inf)
     mode = RoundMode.parse(cfg.master_rounding)
-    for name in grads:
-        p_old = run.master[name]
-        p_ref_old, (p_ref, s_ref) = params[name], ref_new[name]
-        s = _Stats(n=p_old.size)
-        if skip:
-            p_new, states_new = p_old, run.loaded[name]
-        else:
-            p_f32, exact = optimizer.step(p_old, unscaled[name], run.loaded[name], lr, step)
-            p_new = _round_master(run, name, p_old, p_f32, mode, seed ^ zlib.crc32(f"{step}:{name}".encode()))
-            run.states[name] = {st: _store_state(cfg, st, v) for st, v in exact.items()}
-            states_new = {st: _load_state(cfg, st, v) for st, v in run.states[name].items()}
-            run.loaded[name] = states_new
-            intended = p_f32 != p_old
-            s.updates = int(np.count_nonzero(intended))
-            s.swamped = int(np.count_nonzero(intended & (p_new == p_old)))
-            for st, v in exact.items():
-                if states_new[st] is v:  # stored as float32: nothing was rounded
-                    continue
-                nz = v != 0
-                s.state_nonzero += int(np.count_nonzero(nz))
-                s.state_zeroed += int(np.count_nonzero(nz & (states_new[st] == 0)))
-        run.master[name] = p_new
-        d = _f64(p_new) - p_ref.reshape(-1)
-        s.p_err_sq, s.p_ref_sq = _dot(d, d), _dot(_f64(p_ref), _f64(p_ref))
-        u, ur = _f64(p_new) - p_old.reshape(-1), _f64(p_ref) - p_ref_old.reshape(-1)
-        s.upd_dot, s.upd_sq, s.upd_ref_sq = _dot(u, ur), _dot(u, u), _dot(ur, ur)
-        for st, v in states_new.items():
-            e = _f64(v) - s_ref[st].reshape(-1)
-            s.state_err_sq[st], s.state_ref_sq[st] = _dot(e, e), _dot(_f64(s_ref[st]), _f64(s_ref[st]))
-        result.stats[step, name, cfg.name] = s
+
+    def update(name: str) -> _Stats:
+        return _update_tensor(
+            run, optimizer, name, step, lr, unscaled[name], params[name], ref_new[name], skip, mode, seed
+        )
+
+    for name, stats in zip(grads, pool.map(update, list(grads))):  # in order: sums stay reproducible
+        result.stats[step, name, cfg.name] = stats
+
+
+def _update_tensor(run, optimizer, name, step, lr, g, p_ref_old, ref_new, skip, mode, seed) -> _Stats:
+    """One configuration's update of one tensor, and its statistics against the reference."""
+    cfg = run.cfg
+    p_old = run.master[name]
+    p_ref, s_ref = ref_new
+    s = _Stats(n=p_old.size)
+    if skip:
+        p_new, states_new = p_old, run.loaded[name]
+    else:
+        p_f32, exact = optimizer.step(p_old, g, run.loaded[name], lr, step)
+        p_new = _round_master(run, name, p_old, p_f32, mode, seed ^ zlib.crc32(f"{step}:{name}".encode()))
+        run.states[name] = {st: _store_state(cfg, st, v) for st, v in exact.items()}
+        states_new = {st: _load_state(cfg, st, v) for st, v in run.states[name].items()}
+        run.loaded[name] = states_new
+        intended = p_f32 != p_old
+        s.updates = int(np.count_nonzero(intended))
+        s.swamped = int(np.count_nonzero(intended & (p_new == p_old)))
+        for st, v in exact.items():
+            if states_new[st] is v:  # stored as float32: nothing was rounded
+                continue
+            nz = v != 0
+            s.state_nonzero += int(np.count_nonzero(nz))
+            s.state_zeroed += int(np.count_nonzero(nz & (states_new[st] == 0)))
+    run.master[name] = p_new
+    new, ref = _f64(p_new), _f64(p_ref)
+    d = new - ref
+    s.p_err_sq, s.p_ref_sq = _dot(d, d), _dot(ref, ref)
+    u, ur = np.subtract(new, p_old.reshape(-1), out=d), np.subtract(ref, p_ref_old.reshape(-1), out=ref)
+    s.upd_dot, s.upd_sq, s.upd_ref_sq = _dot(u, ur), _dot(u, u), _dot(ur, ur)
+    for st, v in states_new.items():
+        ref = _f64(s_ref[st])
+        e = _f64(v) - ref
+        s.state_err_sq[st], s.state_ref_sq[st] = _dot(e, e), _dot(ref, ref)
+    return s
 
 
 def _f64(a: np.ndarray) -> np.ndarray:
-    return np.asarray(a, np.float64).reshape(-1)
+    return np.array(a, np.float64).reshape(-1)  # always a copy: callers write into it
 
 
 def _dot(a: np.ndarray, b: np.ndarray) -> float:
-    return float(np.dot(a, b))
+    """Dot product in numpy's own loop: BLAS would start its own threads inside replay's, and
+    its result can depend on how many it starts."""
+    return float(np.einsum("i,i->", a, b))
 
 
 def _round_master(run: _Run, name: str, p_old, p_f32, mode: RoundMode, seed: int) -> np.ndarray:

@@ -225,3 +225,65 @@ def test_cli_replay_json_and_files(tmp_path, capsys):
         assert (out / name).exists(), name
     assert main(["replay", "--state", "q=float16", "--out", str(out), "--quiet"]) == 2
     assert "--state takes m=FORMAT" in capsys.readouterr().err
+
+
+def test_result_does_not_depend_on_threads(tmp_path):
+    """Tensors (and pieces of a tensor larger than one task) are updated in parallel: one
+    thread and three give the same table and final values, and the reference equals AdamW's
+    step applied to whole tensors in order."""
+    rng = np.random.default_rng(5)
+    shapes = {"big": (600_001,), "w": (37, 41), "b": (7,)}
+    p0 = {k: rng.standard_normal(s).astype(np.float32) for k, s in shapes.items()}
+    grads = [
+        {k: (rng.standard_normal(s) * 1e-3).astype(np.float32) for k, s in shapes.items()} for _ in range(3)
+    ]
+    trace = tmp_path / "t"
+    with TraceWriter(trace) as w:
+        for s, g in enumerate(grads, 1):
+            w.write_step(s, {"grad": g, **({"param": p0} if s == 1 else {})}, lr=1e-3)
+    configs = ["bnb-8bit-all", "bf16-master-sr", "fp16-grads-dynamic"]
+    one = replay(trace, configs, progress=False, threads=1)
+    three = replay(trace, configs, progress=False, threads=3)
+    assert one.table().equals(three.table())
+    for cfg, params in one.final_params.items():
+        for name, p in params.items():
+            np.testing.assert_array_equal(p.view(np.uint32), three.final_params[cfg][name].view(np.uint32))
+            for st, v in one.final_states[cfg][name].items():
+                np.testing.assert_array_equal(
+                    v.view(np.uint32), three.final_states[cfg][name][st].view(np.uint32)
+                )
+    opt = AdamW()
+    for name in shapes:
+        p, states = p0[name], {st: np.zeros(shapes[name], np.float32) for st in opt.states}
+        for t, g in enumerate(grads, 1):
+            p, states = opt.step(p, g[name], states, 1e-3, t)
+        np.testing.assert_array_equal(
+            three.final_params["reference"][name].view(np.uint32), p.view(np.uint32)
+        )
+    with pytest.raises(ValueError, match="threads must be a positive integer, got 0"):
+        replay(trace, [], progress=False, threads=0)
+
+
+def test_tensors_filter_replays_a_subset_exactly(tmp_path):
+    """Without a loss scaler every tensor's replay is independent: the subset's statistics and
+    final values equal those of the full replay; unknown names are refused by name."""
+    rng = np.random.default_rng(6)
+    shapes = {"a": (300,), "b": (17, 3), "c": (5,)}
+    grads = [
+        {k: (rng.standard_normal(s) * 1e-3).astype(np.float32) for k, s in shapes.items()} for _ in range(2)
+    ]
+    trace = tmp_path / "t"
+    with TraceWriter(trace) as w:
+        for s, g in enumerate(grads, 1):
+            w.write_step(s, {"grad": g}, lr=1e-2)
+    full = replay(trace, ["bnb-8bit-all"], progress=False)
+    part = replay(trace, ["bnb-8bit-all"], tensors=["c", "a"], progress=False)
+    assert list(part.sizes) == ["a", "c"]
+    assert {k for k in part.stats} == {k for k in full.stats if k[1] in ("a", "c")}
+    for k, v in part.stats.items():
+        assert v == full.stats[k]
+    np.testing.assert_array_equal(
+        part.final_params["bnb-8bit-all"]["c"], full.final_params["bnb-8bit-all"]["c"]
+    )
+    with pytest.raises(ValueError, match=r"tensors \['d'\] have no gradient at step 1"):
+        replay(trace, [], tensors=["a", "d"], progress=False)
