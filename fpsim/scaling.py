@@ -201,7 +201,9 @@ def _codebook(xb, amax, book: Codebook, mode: RoundMode, rand, nbits: int):
         q = _bnb_lut(book)[k]
         q = np.where(amax == 0, 0, q).astype(np.uint8)
     else:  # bitsandbytes' CUDA and pure-torch paths: nearest entry, ties to the lower one
-        v = np.clip(xb * (_F32(1) / np.maximum(amax, _F32(1e-38))), _F32(-1), _F32(1))
+        v = xb * (_F32(1) / np.maximum(amax, _F32(1e-38)))
+        if mode is not _R.NEAREST_EVEN:  # (the nearest-entry buckets map |v| > 1 to the ends)
+            v = np.clip(v, _F32(-1), _F32(1))
         q = _codebook_round(v, c, mode, rand, nbits)
     return q, amax.astype(_F32).view(np.uint32), None
 
@@ -210,8 +212,9 @@ def _codebook_round(v, c, mode: RoundMode, rand, nbits: int) -> np.ndarray:
     if mode is _R.NEAREST_EVEN:
         base, thr = _nearest_buckets(c)
         key = v.astype(_F32, copy=False).view(np.uint32) >> np.uint32(16)
-        q = base[key] + (v > thr[key])
-        return np.where(np.isnan(v), c.size - 1, q).astype(np.uint8)
+        q = base[key]
+        np.add(q, v > thr[key], out=q, casting="unsafe")
+        return q
     if mode not in (_R.STOCHASTIC, _R.TOWARD_ZERO, _R.TOWARD_POSITIVE, _R.TOWARD_NEGATIVE):
         raise ValueError(
             f"codebook elements take rounding nearest_even, stochastic or a directed mode, got {mode.value}"
@@ -240,9 +243,10 @@ def _nearest_buckets(c: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 
     The float32 values sharing their top 16 bits form an interval; over it the index is a
     step function with at most one step for these codebooks, so index = ``base[key] +
-    (v > thr[key])`` (``thr`` = the midpoint inside the interval, or +inf). Built once per
-    codebook; intervals holding two or more midpoints are refused (they do not occur in the
-    bitsandbytes maps; the tests compare with searchsorted on every float32 bucket edge).
+    (v > thr[key])`` (``thr`` = the midpoint inside the interval, or +inf); values beyond
+    the ends get the end entries and NaN the last entry. Built once per codebook; intervals
+    holding two or more midpoints are refused (they do not occur in the bitsandbytes maps;
+    the tests compare with searchsorted on every float32 bucket edge).
     """
     k = c.tobytes()
     if k not in _BUCKETS:
@@ -257,7 +261,9 @@ def _nearest_buckets(c: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         if np.any(finite & (q_hi - q_lo > 1)):
             raise ValueError("codebook too dense for the bucket lookup")
         thr = np.where(q_hi > q_lo, mid[np.minimum(q_lo, mid.size - 1)], np.inf).astype(_F32)
-        _BUCKETS[k] = (q_lo.astype(np.int64), thr)
+        nan = (keys & np.uint32(0x7F800000)) == np.uint32(0x7F800000)  # NaN (and inf) keys
+        q_lo[nan], thr[nan] = c.size - 1, np.inf  # NaN -> the last entry, as bitsandbytes
+        _BUCKETS[k] = (q_lo.astype(np.uint8), thr)
     return _BUCKETS[k]
 
 

@@ -575,6 +575,30 @@ def test_codebook_nearest_on_random_data(signed):
 
 
 @pytest.mark.parametrize("signed", [True, False], ids=["signed", "unsigned"])
+def test_codebook_nearest_specials(signed):
+    """Blocks whose absmax element scales to 1 or just below it, with NaN and +-inf elements:
+    brute force on the clipped values, and NaN (a NaN element, or a block whose absmax is inf,
+    where the inf becomes inf * 0 = NaN) gets the last entry, as searchsorted sorts NaN last."""
+    rng = np.random.default_rng(17)
+    amax = rng.uniform(1, 2, 4096).astype(F32)
+    assert (amax * (F32(1) / amax) < F32(1)).any()  # 1 - ulp: the entry below 1 may be nearer
+    x = np.repeat(amax, 4).reshape(-1, 4) * np.array([1, -1, 0.5, -0.25], F32)
+    x = x.reshape(-1).astype(F32)
+    x[5], x[9], x[17] = np.nan, np.inf, -np.inf
+    if not signed:
+        x = np.abs(x)
+    book = Codebook.bnb_dynamic(signed)
+    xb = x.reshape(-1, 4)
+    amax = np.fmax.reduce(np.abs(xb), axis=1, initial=0, keepdims=True)  # fmaxf skips NaN (bnb CUDA)
+    with np.errstate(invalid="ignore"):
+        v = np.clip((xb * (F32(1) / np.maximum(amax, F32(1e-38)))).astype(F32), F32(-1), F32(1)).reshape(-1)
+    want = np.where(np.isnan(v), book.table.size - 1, R.nearest_index(np.nan_to_num(v), book.table))
+    bc = fpsim.encode(x, codebook_bf(signed, bs=4))
+    R.assert_hex_equal(bc.codes, want, "codes", inputs=x)
+    assert bc.codes[5] == bc.codes[9] == book.table.size - 1  # NaN; inf * f32(1/inf) = NaN
+
+
+@pytest.mark.parametrize("signed", [True, False], ids=["signed", "unsigned"])
 def test_codebook_nearest_at_midpoints(signed):
     """The hardest points for the codebook rule: every float32 value at or next to the midpoint
     of two neighbouring entries (a block whose absmax is 1, so v = x).
