@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from functools import partial
 from typing import ClassVar
 
 import numpy as np
@@ -45,21 +46,44 @@ def fma32(a, b, c) -> np.ndarray:
     exact rationals.
     """
     a, b, c = np.broadcast_arrays(np.asarray(a, _F32), np.asarray(b, _F32), np.asarray(c, _F32))
-    out = np.empty(a.shape, _F32)
-    fa, fb, fc, fo = (v.reshape(-1) for v in (a, b, c, out))
-    step = 1 << 15  # float64 temporaries that stay in cache
-    for i in range(0, fo.size, step):
-        p = np.multiply(fa[i : i + step], fb[i : i + step], dtype=np.float64)
-        c64 = fc[i : i + step].astype(np.float64)
-        r = p + c64
-        o = r.astype(_F32)
-        risky = ((r.view(np.uint64) & np.uint64(0x1FFFFFFF)) == np.uint64(0x10000000)) | (
-            np.abs(r) < 2.0**-125
-        )
-        if risky.any():
-            o[risky] = _fma32_odd(p[risky], c64[risky])
-        fo[i : i + step] = o
-    return out
+    return _chunked(_fma, a, b, c)[0]
+
+
+def _fma(a, b, c) -> tuple[np.ndarray]:
+    """:func:`fma32` of float32 arrays (or scalars) that broadcast together, in one piece."""
+    p = np.multiply(a, b, dtype=np.float64)
+    c64 = np.asarray(c, np.float64)
+    r = p + c64
+    o = r.astype(_F32)
+    risky = ((r.view(np.uint64) & np.uint64(0x1FFFFFFF)) == np.uint64(0x10000000)) | (np.abs(r) < 2.0**-125)
+    if risky.any():
+        p, c64 = np.broadcast_arrays(p, c64)
+        o[risky] = _fma32_odd(p[risky], c64[risky])
+    return (o,)
+
+
+_CHUNK = 1 << 15  # elements per pass: float64 temporaries stay in cache, none is page-faulted
+
+
+def _chunked(fn, *arrays) -> tuple[np.ndarray, ...]:
+    """``fn`` (elementwise, float32 arrays in and out) over cache-sized chunks of ``arrays``.
+
+    The same values as ``fn(*arrays)``; only the temporaries are small. Full-size temporaries
+    cost more than the arithmetic here: each is fresh memory from the OS, page-faulted in.
+    """
+    arrays = np.broadcast_arrays(*(np.asarray(a, _F32) for a in arrays))
+    shape = arrays[0].shape
+    flat = [a.reshape(-1) for a in arrays]
+    n = flat[0].size
+    outs: list[np.ndarray] | None = None
+    for i in range(0, max(n, 1), _CHUNK):
+        res = fn(*(a[i : i + _CHUNK] for a in flat))
+        if outs is None:
+            outs = [np.empty(n, _F32) for _ in res]
+        for o, r in zip(outs, res):
+            o[i : i + _CHUNK] = r
+    assert outs is not None
+    return tuple(o.reshape(shape) for o in outs)
 
 
 def _fma32_odd(p: np.ndarray, c: np.ndarray) -> np.ndarray:
@@ -109,7 +133,8 @@ class Adam(Optimizer):
     decoupled = False
 
     def step(self, p, g, states, lr, t):
-        return self._step(p, g, states["exp_avg"], states["exp_avg_sq"], lr, t)
+        p, m, v = _chunked(partial(self._step, lr=lr, t=t), p, g, states["exp_avg"], states["exp_avg_sq"])
+        return p, {"exp_avg": m, "exp_avg_sq": v}
 
     def _step(self, p, g, m, v, lr, t):
         b1, b2 = self.betas
@@ -117,13 +142,13 @@ class Adam(Optimizer):
             if self.decoupled:
                 p = p * _F32(1 - lr * self.weight_decay)
             else:
-                g = fma32(p, _F32(self.weight_decay), g)
-        m = fma32(_F32(1 - b1), g - m, m)
-        v = fma32(_F32(1 - b2) * g, g, v * _F32(b2))
+                (g,) = _fma(p, _F32(self.weight_decay), g)
+        (m,) = _fma(_F32(1 - b1), g - m, m)
+        (v,) = _fma(_F32(1 - b2) * g, g, v * _F32(b2))
         step_size = lr / (1 - b1**t)
         denom = _sqrt(v) / _F32(math.sqrt(1 - b2**t)) + _F32(self.eps)
         p = p + (_F32(-step_size) * m) / denom
-        return p, {"exp_avg": m, "exp_avg_sq": v}
+        return p, m, v
 
 
 @dataclass(frozen=True)
@@ -147,12 +172,16 @@ class SGD(Optimizer):
     elementwise = True
 
     def step(self, p, g, states, lr, t):
-        if self.weight_decay:
-            g = fma32(p, _F32(self.weight_decay), g)
         buf = states.get("momentum_buffer")
-        buf = g.copy() if buf is None or t == 1 else buf * _F32(self.momentum) + g
-        p = fma32(buf, _F32(-lr), p)
+        first = buf is None or t == 1
+        p, buf = _chunked(partial(self._step, lr=lr, first=first), p, g, g if first else buf)
         return p, {"momentum_buffer": buf}
+
+    def _step(self, p, g, buf, lr, first):
+        if self.weight_decay:
+            (g,) = _fma(p, _F32(self.weight_decay), g)
+        buf = g if first else buf * _F32(self.momentum) + g
+        return _fma(buf, _F32(-lr), p)[0], buf
 
 
 def get_optimizer(name: str, **kwargs) -> Optimizer:

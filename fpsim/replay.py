@@ -552,30 +552,72 @@ def _update_tensor(run, optimizer, name, step, lr, g, p_ref_old, ref_new, skip, 
         run.states[name] = {st: _store_state(cfg, st, v) for st, v in exact.items()}
         states_new = {st: _load_state(cfg, st, v) for st, v in run.states[name].items()}
         run.loaded[name] = states_new
-        intended = p_f32 != p_old
-        s.updates = int(np.count_nonzero(intended))
-        s.swamped = int(np.count_nonzero(intended & (p_new == p_old)))
+        s.updates, s.swamped = _update_counts(p_f32, p_old, p_new)
         for st, v in exact.items():
             if states_new[st] is v:  # stored as float32: nothing was rounded
                 continue
-            nz = v != 0
-            s.state_nonzero += int(np.count_nonzero(nz))
-            s.state_zeroed += int(np.count_nonzero(nz & (states_new[st] == 0)))
+            nonzero, zeroed = _zero_counts(v, states_new[st])
+            s.state_nonzero += nonzero
+            s.state_zeroed += zeroed
     run.master[name] = p_new
-    new, ref = _f64(p_new), _f64(p_ref)
-    d = new - ref
-    s.p_err_sq, s.p_ref_sq = _dot(d, d), _dot(ref, ref)
-    u, ur = np.subtract(new, p_old.reshape(-1), out=d), np.subtract(ref, p_ref_old.reshape(-1), out=ref)
-    s.upd_dot, s.upd_sq, s.upd_ref_sq = _dot(u, ur), _dot(u, u), _dot(ur, ur)
+    s.p_err_sq, s.p_ref_sq, s.upd_dot, s.upd_sq, s.upd_ref_sq = _param_sums(p_new, p_ref, p_old, p_ref_old)
     for st, v in states_new.items():
-        ref = _f64(s_ref[st])
-        e = _f64(v) - ref
-        s.state_err_sq[st], s.state_ref_sq[st] = _dot(e, e), _dot(ref, ref)
+        s.state_err_sq[st], s.state_ref_sq[st] = _state_sums(v, s_ref[st])
     return s
 
 
-def _f64(a: np.ndarray) -> np.ndarray:
-    return np.array(a, np.float64).reshape(-1)  # always a copy: callers write into it
+# Per-tensor statistics in cache-sized chunks (float64 temporaries of a whole tensor would be
+# fresh memory, page-faulted in, costing more than the arithmetic); chunk sums are added in
+# order, so the result depends on the tensor's size only.
+_CHUNK = 1 << 15
+
+
+def _chunks(*arrays: np.ndarray):
+    flat = [a.reshape(-1) for a in arrays]
+    for i in range(0, flat[0].size, _CHUNK):
+        yield [a[i : i + _CHUNK] for a in flat]
+
+
+def _update_counts(p_f32, p_old, p_new) -> tuple[int, int]:
+    """Elements the optimizer changed, and those of them the master rounding swallowed."""
+    updates = swamped = 0
+    for f, o, n in _chunks(p_f32, p_old, p_new):
+        intended = f != o
+        updates += int(np.count_nonzero(intended))
+        swamped += int(np.count_nonzero(intended & (n == o)))
+    return updates, swamped
+
+
+def _zero_counts(exact, stored) -> tuple[int, int]:
+    """Nonzero state elements, and those of them stored as zero."""
+    nonzero = zeroed = 0
+    for v, q in _chunks(exact, stored):
+        nz = v != 0
+        nonzero += int(np.count_nonzero(nz))
+        zeroed += int(np.count_nonzero(nz & (q == 0)))
+    return nonzero, zeroed
+
+
+def _param_sums(p_new, p_ref, p_old, p_ref_old) -> tuple[float, ...]:
+    """sum (new - ref)^2, sum ref^2, and the dot products of the two updates (float64)."""
+    out = np.zeros(5)
+    for n, r, o, ro in _chunks(p_new, p_ref, p_old, p_ref_old):
+        n, r = n.astype(np.float64), r.astype(np.float64)
+        d = n - r
+        u, ur = n - o, r - ro
+        out += [_dot(d, d), _dot(r, r), _dot(u, ur), _dot(u, u), _dot(ur, ur)]
+    return tuple(float(x) for x in out)
+
+
+def _state_sums(v, ref) -> tuple[float, float]:
+    """sum (v - ref)^2 and sum ref^2 (float64)."""
+    err = tot = 0.0
+    for a, r in _chunks(v, ref):
+        r = r.astype(np.float64)
+        e = a - r
+        err += _dot(e, e)
+        tot += _dot(r, r)
+    return err, tot
 
 
 def _dot(a: np.ndarray, b: np.ndarray) -> float:
