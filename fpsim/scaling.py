@@ -75,11 +75,42 @@ def encode_blocks(
     x = _as_f32(x)
     work, blk = _geometry(x.shape, bf)
     xb = _to_blocks(x.reshape(work), blk)
-    axes = tuple(range(1, xb.ndim, 2))
     rand = None
     if mode is _R.STOCHASTIC:
         bits = emulate._random_bits(np, random_bits, rng, x.shape)
         rand = _to_blocks(np.asarray(bits).reshape(work), blk)
+    grid = tuple(xb.shape[0::2])
+    rows = _rows_per_chunk(bf, xb)
+    if rows < xb.shape[0]:  # one-axis blocks: rows of blocks are independent
+        parts = [
+            _encode_rows(
+                bf, xb[i : i + rows], None if rand is None else rand[i : i + rows], mode, stochastic_bits
+            )
+            for i in range(0, xb.shape[0], rows)
+        ]
+        codes, scales, tensor = (
+            np.concatenate([c for c, _, _ in parts]),
+            np.concatenate([s for _, s, _ in parts]),
+            None,
+        )
+    else:
+        codes, scales, tensor = _encode_rows(bf, xb, rand, mode, stochastic_bits, tensor_amax)
+    return BlockCodes(_from_blocks(codes, work).reshape(x.shape), scales.reshape(grid), tensor)
+
+
+def _rows_per_chunk(bf: BlockFormat, xb: np.ndarray) -> int:
+    """Rows of blocks per chunk: whole-tensor temporaries are fresh, page-faulted memory that
+    costs more than the arithmetic, so blocks along one axis go through in chunks (codebooks:
+    2^15 elements; element formats, whose encode has more fixed cost per call: 2^18)."""
+    if xb.ndim != 2 or bf.block is None or bf.rule is ScaleRule.NVFP4:  # NVFP4: a tensor scale
+        return xb.shape[0]
+    size = 1 << 15 if isinstance(bf.element, Codebook) else 1 << 18
+    return max(1, size // xb.shape[1])
+
+
+def _encode_rows(bf: BlockFormat, xb, rand, mode: RoundMode, nbits: int, tensor_amax: float | None = None):
+    """Element codes, scale codes and tensor scale of blocked ``xb`` (see :func:`encode_blocks`)."""
+    axes = tuple(range(1, xb.ndim, 2))
     ignore_nan = bf.rule in (ScaleRule.TE, ScaleRule.NVFP4) or isinstance(bf.element, Codebook)
     with np.errstate(invalid="ignore", divide="ignore", over="ignore"):
         ax = np.abs(xb)
@@ -90,14 +121,12 @@ def encode_blocks(
         if tensor_amax is not None and bf.block is None:
             amax = np.full_like(amax, tensor_amax)
         if isinstance(bf.element, Codebook):
-            codes, scales, tensor = _codebook(xb, amax, bf.element, mode, rand, stochastic_bits)
-        else:
-            v, scales, tensor = _prescale(xb, amax, bf, tensor_amax)
-            codes = emulate.encode(
-                v, bf.element, rounding=mode, saturate=True, random_bits=rand, stochastic_bits=stochastic_bits
-            )
-    grid = tuple(xb.shape[0::2])
-    return BlockCodes(_from_blocks(codes, work).reshape(x.shape), scales.reshape(grid), tensor)
+            return _codebook(xb, amax, bf.element, mode, rand, nbits)
+        v, scales, tensor = _prescale(xb, amax, bf, tensor_amax)
+        codes = emulate.encode(
+            v, bf.element, rounding=mode, saturate=True, random_bits=rand, stochastic_bits=nbits
+        )
+        return codes, scales, tensor
 
 
 def decode_blocks(encoded: BlockCodes, fmt: str | BlockFormat) -> np.ndarray:
@@ -109,22 +138,31 @@ def decode_blocks(encoded: BlockCodes, fmt: str | BlockFormat) -> np.ndarray:
         )
     codes = np.asarray(encoded.codes)
     work, blk = _geometry(codes.shape, bf)
-    el = bf.element
-    vals = el.table[codes] if isinstance(el, Codebook) else emulate.decode(codes, el)
-    vb = _to_blocks(vals.reshape(work), blk)
-    grid = tuple(vb.shape[0::2])
+    cb = _to_blocks(codes.reshape(work), blk)
+    grid = tuple(cb.shape[0::2])
     if tuple(encoded.scales.shape) != grid:
         raise ValueError(f"{bf.name}: scales have shape {encoded.scales.shape}, the codes need {grid}")
     keep = [n for g in grid for n in (g, 1)]
     s = emulate.decode(encoded.scales, bf.scale_format).reshape(keep)
+    rows = _rows_per_chunk(bf, cb)
+    if rows >= cb.shape[0]:
+        out = _decode_rows(bf, cb, s, encoded.tensor_scale)
+    else:
+        out = np.empty(cb.shape, _F32)
+        for i in range(0, cb.shape[0], rows):
+            out[i : i + rows] = _decode_rows(bf, cb[i : i + rows], s[i : i + rows], encoded.tensor_scale)
+    return _from_blocks(out, work).reshape(codes.shape)
+
+
+def _decode_rows(bf: BlockFormat, cb: np.ndarray, s: np.ndarray, tensor_scale: float | None) -> np.ndarray:
+    el = bf.element
+    vb = el.table[cb] if isinstance(el, Codebook) else emulate.decode(cb, el)
     with np.errstate(invalid="ignore", over="ignore"):
         if bf.rule.is_mx:  # exact power-of-two product, one rounding
-            out = (vb.astype(np.float64) * s.astype(np.float64)).astype(_F32)
-        elif bf.rule is ScaleRule.NVFP4:
-            out = (vb * s) * _F32(encoded.tensor_scale)
-        else:
-            out = vb * s
-    return _from_blocks(out, work).reshape(codes.shape)
+            return (vb.astype(np.float64) * s.astype(np.float64)).astype(_F32)
+        if bf.rule is ScaleRule.NVFP4:
+            return (vb * s) * _F32(tensor_scale)
+        return vb * s
 
 
 # --- scale rules -----------------------------------------------------------------------
