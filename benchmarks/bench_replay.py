@@ -39,6 +39,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--params", type=int, default=1 << 22)
     ap.add_argument("--steps", type=int, default=5)
+    ap.add_argument("--threads", type=int, default=None, help="replay threads (default: all CPUs)")
     ap.add_argument("--json")
     args = ap.parse_args()
     import torch
@@ -66,8 +67,10 @@ def main() -> None:
 
         work = args.params * args.steps
         t_torch = best(torch_run)
-        t_fp32 = best(lambda: replay(path, [], optimizer=AdamW(), progress=False))
-        t_8bit = best(lambda: replay(path, ["bnb-8bit-all"], optimizer=AdamW(), progress=False))
+        t_fp32 = best(lambda: replay(path, [], optimizer=AdamW(), progress=False, threads=args.threads))
+        t_8bit = best(
+            lambda: replay(path, ["bnb-8bit-all"], optimizer=AdamW(), progress=False, threads=args.threads)
+        )
     own_8bit = t_8bit - t_fp32
     row = {
         "params": args.params,

@@ -381,7 +381,8 @@ def replay(
     result = ReplayResult(str(tr.path), cfgs, wanted, sizes={n: int(params[n].size) for n in names})
     runs = [_start(c, params, ref_states, optimizer) for c in cfgs]
     bar = tqdm(total=len(wanted) * len(names), disable=not progress, desc="replay", unit="tensor-step")
-    pool = ThreadPoolExecutor(max_workers=_threads(threads))
+    n_threads = _threads(threads)
+    pool = ThreadPoolExecutor(max_workers=n_threads) if n_threads > 1 else _InThread()
     try:
         for step in wanted:
             _replay_step(tr, step, names, lr, optimizer, params, ref_states, runs, seed, result, pool)
@@ -395,6 +396,16 @@ def replay(
         result.final_params[run.cfg.name] = run.master
         result.final_states[run.cfg.name] = run.loaded
     return result
+
+
+class _InThread:
+    """The executor interface, run in the calling thread (one thread: nothing to hand over)."""
+
+    def map(self, fn, items):
+        return map(fn, items)
+
+    def shutdown(self) -> None:
+        pass
 
 
 def _threads(threads: int | None) -> int:
@@ -629,6 +640,8 @@ def _dot(a: np.ndarray, b: np.ndarray) -> float:
 def _round_master(run: _Run, name: str, p_old, p_f32, mode: RoundMode, seed: int) -> np.ndarray:
     cfg = run.cfg
     fmt = cfg.master_format(name)
+    if fmt.name == "float32" and not cfg.kahan:  # rounding float32 to float32 is exact in every mode
+        return p_f32
     kw: dict[str, Any] = {"rounding": mode}
     if mode is RoundMode.STOCHASTIC:
         kw["random_bits"] = random_bits_at(seed, 0, p_f32.size).reshape(p_f32.shape)
