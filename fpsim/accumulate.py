@@ -191,18 +191,21 @@ class _Rounder:
         TwoSum (Knuth, TAOCP vol. 2, 4.2.2) gives ``s + err == u + v`` exactly (nothing can
         overflow: operands are float32-range values or exact products of two of them), then
         round to odd at 53 bits and round that (module doc). Under toward-negative an exact
-        zero sum of operands that are not both +0 is -0 (IEEE 754-2019 section 6.3).
+        zero sum of operands that are not both +0 is -0 (IEEE 754-2019 section 6.3); a
+        nonzero sum that rounds to zero keeps its own sign (a float64 sum of these operands
+        is zero only when the exact sum is).
         """
         own = u.shape[0] == self.n
         s = np.add(u, v, out=out)
+        exact_zero = (s == 0) if self.mode is RoundMode.TOWARD_NEGATIVE else None
         bb = np.subtract(s, u, out=self.bb if own else None)
         err = np.subtract(s, bb, out=self.err if own else None)
         np.subtract(u, err, out=err)
         np.subtract(v, bb, out=bb)
         err += bb
         s = self._round(s, err, rand)
-        if self.mode is RoundMode.TOWARD_NEGATIVE:
-            z = (s == 0) & ~((u == 0) & (v == 0) & ~np.signbit(u) & ~np.signbit(v))
+        if exact_zero is not None:
+            z = exact_zero & ~((u == 0) & (v == 0) & ~np.signbit(u) & ~np.signbit(v))
             s[z] = -0.0
         return s
 

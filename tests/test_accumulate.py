@@ -384,3 +384,25 @@ def test_bad_scaled_matmul_arguments():
         fa.scaled_matmul(a, b, "float8_e4m3fn", "e4m3_tile128")
     with pytest.raises(ValueError, match="K mismatch"):
         fa.matmul(a, a)
+
+
+@pytest.mark.parametrize(
+    "x, mode, negative",
+    [
+        ([0.0, 2.0**-140], "toward_negative", False),  # exact sum > 0 rounds down to +0
+        ([0.0, -(2.0**-140)], "toward_positive", True),  # exact sum < 0 rounds up to -0
+        ([1.0, -1.0], "toward_negative", True),  # exact zero: -0 under toward-negative only
+        ([1.0, -1.0], "toward_positive", False),
+        ([1.0, -1.0], "nearest_even", False),
+        ([-0.0, 0.0], "toward_negative", True),
+        ([-0.0, 0.0], "nearest_even", False),
+        ([0.0, 0.0], "toward_negative", False),
+        ([-0.0, -0.0], "nearest_even", True),  # x + x keeps the sign of x
+    ],
+)
+def test_sign_of_zero_sums(x, mode, negative):
+    """IEEE 754-2019 section 6.3: an exact zero sum of opposite-signed operands is +0 except
+    under toward-negative (-0); x + x keeps x's sign; a nonzero sum that rounds to zero keeps
+    the sign of the exact sum (bfloat16 cannot hold 2^-140)."""
+    got = fa.sum(np.array(x, np.float32), accumulator="bfloat16", rounding=mode)
+    assert got == 0 and bool(np.signbit(got)) is negative, (x, mode, got)
