@@ -16,6 +16,7 @@ Modules:
         :func:`fpsim.scaling.encode_blocks`, portable like ``cast``.
     metrics: the counts, sums and maxima of :mod:`fpsim.metrics` for a chunk (counts and
         maxima exact; float64 sums within a stated bound).
+    accumulate: :func:`fpsim.matmul` / :func:`fpsim.dot` with limited-precision accumulation, bit for bit.
     philox: numpy Philox4x32-10, the words of ``tl.randint`` for the emulator.
     validate: the bit-exact validation harness, ``validate_all`` and the
         ``fpsim validate-kernels`` command (``main``, ``add_parser``).

@@ -46,7 +46,7 @@ import math
 import os
 import sys
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -769,6 +769,8 @@ class KernelSpec:
         skip: why it cannot run for (format, rounding, device), or None.
         recipes: the kernel takes block recipes (:data:`fpsim.blockformat.RECIPES`) instead
             of element formats (:data:`fpsim.FORMATS`).
+        formats: the kernel's own format table, ``formats() -> {name: format}`` (e.g. the
+            accumulators of ``accumulate.matmul``), used instead of FORMATS / RECIPES.
     """
 
     name: str
@@ -776,11 +778,11 @@ class KernelSpec:
     applies: Callable[[AnyFormat, RoundMode], bool] = lambda f, m: True
     skip: Callable[[AnyFormat, RoundMode, str], str | None] = lambda f, m, d: None
     recipes: bool = False
+    formats: Callable[[], Mapping[str, Any]] | None = None
 
 
 KERNELS: dict[str, KernelSpec] = {}
-"""The registered kernels, by name (cast kernels now; block quantization and the optimizer
-step register here when they exist)."""
+"""The registered kernels, by name."""
 
 
 def register_kernel(spec: KernelSpec) -> KernelSpec:
@@ -866,6 +868,23 @@ for _spec in (
     register_kernel(_spec)
 
 
+# The emulated matmul with limited-precision accumulation (kernels/accumulate.py) for the
+# accumulators of kernels/_validate_accumulate.py, against fpsim.accumulate.matmul.
+def _accumulate_run(fmt, rounding, *, cases, device, name):
+    from ._validate_accumulate import run
+
+    return run(fmt, rounding, cases=cases, device=device, name=name)
+
+
+def _accumulators() -> Mapping[str, Any]:
+    from ._validate_accumulate import accumulators
+
+    return accumulators()
+
+
+register_kernel(KernelSpec("accumulate.matmul", _accumulate_run, formats=_accumulators))
+
+
 def validate_all(
     device: str = "cpu",
     quick: bool = False,
@@ -881,8 +900,8 @@ def validate_all(
         device: "cpu" (Triton's interpreter) or "cuda".
         quick: fewer inputs per case (:func:`input_sets` with ``cases="quick"``).
         formats: only these format names (default: all of :data:`fpsim.FORMATS`, and for
-            block kernels all of :data:`fpsim.blockformat.RECIPES`; recipe names are
-            accepted too).
+            block kernels all of :data:`fpsim.blockformat.RECIPES`; recipe names and the
+            names of kernels' own format tables, ``KernelSpec.formats``, are accepted too).
         kernels: only these kernels (names in :data:`KERNELS`).
         roundings: only these rounding modes.
         progress: show a progress bar.
@@ -898,13 +917,14 @@ def validate_all(
 
     from fpsim.blockformat import RECIPES
 
-    fmts = _pick(formats, list(FORMATS) + list(RECIPES), "format")
+    own = [n for s in KERNELS.values() if s.formats is not None for n in s.formats()]
+    fmts = _pick(formats, list(dict.fromkeys([*FORMATS, *RECIPES, *own])), "format")
     specs = [KERNELS[k] for k in _pick(kernels, list(KERNELS), "kernel")]
     modes = [RoundMode.parse(m) for m in _pick(roundings, [m.value for m in RoundMode], "rounding")]
     plan = [
         (s, table[f], m)
         for s in specs
-        for table in [RECIPES if s.recipes else FORMATS]
+        for table in [s.formats() if s.formats is not None else RECIPES if s.recipes else FORMATS]
         for f in fmts
         if f in table
         for m in modes

@@ -1,0 +1,523 @@
+"""Portable Triton matmul / dot with limited-precision accumulation: :func:`fpsim.matmul`
+and :func:`fpsim.dot` on torch tensors, bit for bit.
+
+:func:`matmul` and :func:`dot` take the arguments of :func:`fpsim.accumulate.matmul` and
+:func:`fpsim.accumulate.dot` and return what they return (float32 values), bit-identical:
+tested against the emulator with zero tolerance (``tests/kernels/test_accumulate_kernel.py``
+and ``fpsim validate-kernels --kernel accumulate.matmul``, NaNs compared by class).
+
+Operation order (``order="sequential"``, the emulator's module doc). For every output
+element, with ``t_k`` the exact product ``a[i, k] * b[k, j]`` (rounded once to
+``product_format`` when one is given) and ``R`` the rounding into the accumulator:
+
+* K is cut into chunks of ``promote_every`` addends (one chunk without promotion);
+* a chunk is summed left to right: ``s = R(t_c0)``, then ``s = R(s + t_k)`` for every later
+  ``k`` of the chunk (with ``compensated="kahan"``: ``y = R(t_k - c)``, ``u = R(s + y)``,
+  ``c = R(R(u - s) - y)``, ``s = u``; with ``"neumaier"``: ``u = R(s + t_k)``,
+  ``c = R(c + R(R(big - u) + small))``, ``s = u``, and the chunk's value ``R(s + c)``);
+* the chunk's value enters the ``promote_to`` accumulator: ``P = R'(s)`` for the first
+  chunk, ``P = R'(P + s)`` after (DeepSeek-V3 section 3.3.2).
+
+Stochastic rounding numbers the roundings of one output ``j = 0, 1, ...`` in that order and
+uses ``random_bits[j].flat[o]`` or, with ``seed``, the SplitMix64 word
+:func:`fpsim.metrics.random_bits_at` ``(4 * seed, j * n_out + o)``, computed in the kernel;
+product roundings use ``(4 * seed + 1, k * n_out + o)``. Inputs rounded to
+``input_format`` are quantized first with :func:`fpsim.kernels.cast.quantize` (itself
+bit-identical to the emulator), with the emulator's seed streams ``4 * seed + 2`` and
+``4 * seed + 3``.
+
+Why it is bit-identical: every result is defined by exact values (the emulator's module
+doc), and the kernel evaluates the same float64 operations in the same order. A product of
+two float32 numbers is exact in float64. ``R(u + v)`` is Knuth's TwoSum (exact error),
+rounding to odd at 53 bits, then rounding to the accumulator's ``p`` bits with integer
+operations on the float64 bit pattern: one correct rounding of the exact sum, no double
+rounding (Boldo and Melquiond 2008), for every mode, stochastic included (its random bits
+sit above the odd bit). Values outside the normal range use the integer port of
+:func:`fpsim._bitcore.encode_float` for float64 sources, as the emulator's slow path. The
+compiled kernel is launched with ``enable_fp_fusion=False``, so no multiply-add is fused.
+
+Supported: every signed :class:`~fpsim.Format` with a zero as accumulator, ``promote_to``
+and ``product_format`` (all of :data:`fpsim.FORMATS` but E8M0 and the integer formats, and
+the ``p``-significant-bit accumulators of :func:`fpsim.accumulate.accumulator_format`),
+every rounding mode, ``promote_every``, Kahan and Neumaier compensation, element
+``input_format`` s (any :class:`~fpsim.Format` or :class:`~fpsim.IntFormat`), batched
+and 1-D operands. Not supported (NotImplementedError naming the argument):
+``order="pairwise"`` / ``"blocked"`` (the emulator's depth-first trees), ``return_info``,
+block-recipe ``input_format`` (use :func:`fpsim.scaled_matmul`), integer, unsigned or
+zero-less ``product_format``.
+
+Tensors on the CPU run in Triton's interpreter, tensors on a GPU run compiled kernels
+(:mod:`fpsim.kernels._loader`).
+
+Example::
+
+    c = fpsim.kernels.accumulate.matmul(a, b, accumulator=14, promote_every=128)
+    ref = fpsim.matmul(a.numpy(), b.numpy(), accumulator=14, promote_every=128)
+    assert (c.numpy().view("uint32") == ref.view("uint32")).all()
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from fpsim.accumulate import accumulator_format, rounding_count
+from fpsim.blockformat import BlockFormat
+from fpsim.formats import Encoding, Format, get_format
+from fpsim.rounding import RoundMode
+
+from ._loader import is_interpreted, kernel_module, require_torch
+from ._loader import launch as _launch_kernel
+from .cast import _MODE
+
+__all__ = ["Launch", "dot", "matmul"]
+
+_ORDERS = ("sequential", "pairwise", "blocked")
+_COMPENSATION = {False: 0, None: 0, True: 1, "kahan": 1, "neumaier": 2}
+_GOLDEN = 0x9E3779B97F4A7C15  # SplitMix64's seed multiplier (fpsim.metrics.random_bits_at)
+_NF = 10  # entries per format in the parameter tensor (_accumulate_portable._format)
+
+
+@dataclass(frozen=True)
+class Launch:
+    """Launch settings of the accumulation kernel.
+
+    Args:
+        block_m, block_n: output tile (powers of two). None: on a GPU 32 x 32 (dot: 128 x 1);
+            on the CPU the whole output up to 64 x 64 (dot: 1024), as the interpreter costs
+            per operation, not per element.
+        num_warps: warps per program on a GPU (ignored by the interpreter).
+    """
+
+    block_m: int | None = None
+    block_n: int | None = None
+    num_warps: int = 4
+
+
+_DEFAULT = Launch()
+
+
+@dataclass(frozen=True)
+class _Settings:
+    acc: Format
+    mode: RoundMode
+    chunk: int | None
+    promote: Format | None
+    pmode: RoundMode
+    comp: int
+    nbits: int
+
+
+def matmul(
+    a: Any,
+    b: Any,
+    *,
+    accumulator: str | Format | int = "float32",
+    rounding: RoundMode | str = RoundMode.NEAREST_EVEN,
+    order: str = "sequential",
+    block: int | None = None,
+    promote_every: int | None = None,
+    promote_to: str | Format | int = "float32",
+    promote_rounding: RoundMode | str = RoundMode.NEAREST_EVEN,
+    compensated: bool | str = False,
+    random_bits: Any = None,
+    seed: int | None = None,
+    stochastic_bits: int | None = None,
+    input_format: Any = None,
+    input_rounding: Any = RoundMode.NEAREST_EVEN,
+    product_format: Any = None,
+    product_rounding: RoundMode | str = RoundMode.NEAREST_EVEN,
+    return_info: bool = False,
+    launch: Launch = _DEFAULT,
+) -> Any:
+    """``a @ b`` with every addition rounded to ``accumulator``: :func:`fpsim.matmul` in Triton.
+
+    Bit-identical to ``fpsim.matmul(a.numpy(), b.numpy(), **same keywords)`` (tested with
+    zero tolerance, see the module doc); shapes as ``numpy.matmul``: ``(..., M, K) @
+    (..., K, N)`` with broadcast batch axes, 1-D operands promoted and squeezed.
+
+    Args:
+        a, b: torch float32 tensors (float16 / bfloat16 are widened exactly, float64 is
+            rounded to float32 to nearest even, as the emulator does), on one device.
+        accumulator: the accumulator's format: a name, a signed :class:`~fpsim.Format` with
+            a zero, or an int ``p`` (float32's range with ``p`` significant bits).
+        rounding: the accumulator's rounding mode (every :class:`~fpsim.RoundMode`).
+        order: ``"sequential"`` only.
+        block: ignored for the sequential order (as in the emulator).
+        promote_every: chunk length after which the partial sum is added into the
+            ``promote_to`` accumulator with ``promote_rounding``; None: no promotion.
+        promote_to, promote_rounding: the promotion accumulator's format and rounding.
+        compensated: False, True / ``"kahan"`` or ``"neumaier"``.
+        random_bits: stochastic accumulator or promotion rounding: uint32 words of shape
+            ``(fpsim.accumulate.rounding_count(K, ...), *batch, M, N)`` (numpy uint32, or
+            a torch uint32 / int32 bit-pattern tensor).
+        seed: int; random words for every stochastic rounding not given ``random_bits``
+            (drawn in the kernel as :func:`fpsim.metrics.random_bits_at`).
+        stochastic_bits: random bits per stochastic rounding (default ``min(32, 51 - M)``).
+        input_format, input_rounding: element format (and rounding) of the inputs, or pairs
+            ``(for a, for b)``.
+        product_format, product_rounding: round each product once to this signed float
+            format; None: exact products (a fused multiply-add per step).
+        return_info: not supported (NotImplementedError).
+        launch: tile sizes and warps (:class:`Launch`).
+
+    Returns:
+        A float32 tensor of the result's shape on the inputs' device.
+
+    Raises:
+        TypeError: non-tensor or non-float inputs.
+        ValueError: the emulator's argument errors (shapes, formats, random bits, seed).
+        NotImplementedError: ``order`` other than sequential, ``return_info``, a block-recipe
+            ``input_format``, a ``product_format`` that is not a signed float format with zero.
+    """
+    torch = require_torch()
+    st = _settings(
+        accumulator,
+        rounding,
+        order,
+        promote_every,
+        promote_to,
+        promote_rounding,
+        compensated,
+        stochastic_bits,
+    )
+    _no_info(return_info)
+    prod = _product(product_format, product_rounding, seed)
+    a, b = _tensor(torch, a, "a"), _tensor(torch, b, "b")
+    _same_device(a, b)
+    if a.ndim == 0 or b.ndim == 0:
+        raise ValueError("matmul: operands must have at least one axis")
+    squeeze = (a.ndim == 1, b.ndim == 1)
+    a2 = a[None, :] if a.ndim == 1 else a
+    b2 = b[:, None] if b.ndim == 1 else b
+    if a2.shape[-1] != b2.shape[-2]:
+        raise ValueError(f"matmul: K mismatch, a has shape {tuple(a.shape)} and b {tuple(b.shape)}")
+    fa, fb = _pair(input_format, "input_format")
+    ra, rb = _pair(input_rounding, "input_rounding")
+    a2 = _inputs(torch, a2, fa, ra, seed, 2, "a")
+    bt = _inputs(torch, b2.transpose(-1, -2), fb, rb, seed, 3, "b")  # (..., N, K), as the emulator
+    batch = tuple(torch.broadcast_shapes(a2.shape[:-2], bt.shape[:-2]))
+    m, k = a2.shape[-2:]
+    n = bt.shape[-2]
+    nb = math.prod(batch)
+    av = a2.expand(*batch, m, k).reshape(nb, m, k).contiguous()
+    bv = bt.transpose(-1, -2).expand(*batch, k, n).reshape(nb, k, n).contiguous()
+    out_shape = (*batch, m, n)
+    strides = dict(sa_b=m * k, sa_m=k, sa_k=1, sb_b=k * n, sb_m=0, sb_k=n, sb_n=1)
+    out = _run(torch, st, prod, av, bv, nb, m, n, k, strides, out_shape, random_bits, seed, launch, False)
+    if squeeze[1]:
+        out = out[..., 0]
+    if squeeze[0]:
+        out = out[..., 0, :] if not squeeze[1] else out[..., 0]
+    return out
+
+
+def dot(a: Any, b: Any, **kwargs: Any) -> Any:
+    """``sum_k a[..., k] * b[..., k]`` (numpy.vecdot shapes): :func:`fpsim.dot` in Triton.
+
+    Keywords and guarantees as :func:`matmul` (random words indexed by the flat index of
+    the broadcast output shape ``broadcast(a.shape[:-1], b.shape[:-1])``); bit-identical to
+    ``fpsim.dot(a.numpy(), b.numpy(), **kwargs)``.
+    """
+    return _dot(a, b, **kwargs)
+
+
+def _dot(
+    a: Any,
+    b: Any,
+    *,
+    accumulator: str | Format | int = "float32",
+    rounding: RoundMode | str = RoundMode.NEAREST_EVEN,
+    order: str = "sequential",
+    block: int | None = None,
+    promote_every: int | None = None,
+    promote_to: str | Format | int = "float32",
+    promote_rounding: RoundMode | str = RoundMode.NEAREST_EVEN,
+    compensated: bool | str = False,
+    random_bits: Any = None,
+    seed: int | None = None,
+    stochastic_bits: int | None = None,
+    input_format: Any = None,
+    input_rounding: Any = RoundMode.NEAREST_EVEN,
+    product_format: Any = None,
+    product_rounding: RoundMode | str = RoundMode.NEAREST_EVEN,
+    return_info: bool = False,
+    launch: Launch = _DEFAULT,
+) -> Any:
+    torch = require_torch()
+    st = _settings(
+        accumulator,
+        rounding,
+        order,
+        promote_every,
+        promote_to,
+        promote_rounding,
+        compensated,
+        stochastic_bits,
+    )
+    _no_info(return_info)
+    prod = _product(product_format, product_rounding, seed)
+    a, b = _tensor(torch, a, "a"), _tensor(torch, b, "b")
+    _same_device(a, b)
+    if a.ndim == 0 or b.ndim == 0 or a.shape[-1] != b.shape[-1]:
+        raise ValueError(
+            f"dot: a and b need the same last axis; got shapes {tuple(a.shape)} and {tuple(b.shape)}"
+        )
+    fa, fb = _pair(input_format, "input_format")
+    ra, rb = _pair(input_rounding, "input_rounding")
+    a = _inputs(torch, a, fa, ra, seed, 2, "a")
+    b = _inputs(torch, b, fb, rb, seed, 3, "b")
+    k = a.shape[-1]
+    out_shape = tuple(torch.broadcast_shapes(a.shape[:-1], b.shape[:-1]))
+    n_out = math.prod(out_shape)
+    av = a.expand(*out_shape, k).reshape(n_out, k).contiguous()
+    bv = b.expand(*out_shape, k).reshape(n_out, k).contiguous()
+    strides = dict(sa_b=0, sa_m=k, sa_k=1, sb_b=0, sb_m=k, sb_k=1, sb_n=0)
+    return _run(torch, st, prod, av, bv, 1, n_out, 1, k, strides, out_shape, random_bits, seed, launch, True)
+
+
+# --- arguments ------------------------------------------------------------------------------
+
+
+def _settings(
+    accumulator, rounding, order, promote_every, promote_to, promote_rounding, compensated, stochastic_bits
+) -> _Settings:
+    """The emulator's checks (fpsim.accumulate._spec), and what the kernel does not port."""
+    acc = accumulator_format(accumulator)
+    if promote_every is not None and (
+        isinstance(promote_every, bool)
+        or not isinstance(promote_every, (int, np.integer))
+        or promote_every < 1
+    ):
+        raise ValueError(f"promote_every must be None or an int >= 1; got {promote_every!r}")
+    promote = accumulator_format(promote_to) if promote_every is not None else None
+    grids = [acc] + ([promote] if promote else [])
+    cap = min(51 - f.mantissa_bits for f in grids)
+    nbits = min(32, cap) if stochastic_bits is None else int(stochastic_bits)
+    if not 1 <= nbits <= min(32, cap):
+        raise ValueError(
+            f"stochastic_bits must be in [1, {min(32, cap)}] for a {grids[-1].name} accumulator "
+            f"(at most 51 - mantissa_bits, see fpsim.accumulate); got {stochastic_bits}"
+        )
+    mode, pmode = RoundMode.parse(rounding), RoundMode.parse(promote_rounding)
+    if order not in _ORDERS:
+        raise ValueError(f"order must be one of {', '.join(_ORDERS)}; got {order!r}")
+    if order != "sequential":
+        raise NotImplementedError(
+            f"order={order!r}: the accumulation kernel implements order='sequential' only; "
+            "use fpsim.accumulate.matmul for the tree orders"
+        )
+    try:
+        comp = _COMPENSATION[compensated]
+    except (KeyError, TypeError):
+        raise ValueError(
+            f"compensated must be False, True, 'kahan' or 'neumaier'; got {compensated!r}"
+        ) from None
+    chunk = None if promote_every is None else int(promote_every)
+    return _Settings(acc, mode, chunk, promote, pmode, comp, nbits)
+
+
+def _no_info(return_info: bool) -> None:
+    if return_info:
+        raise NotImplementedError(
+            "return_info=True: the accumulation kernel does not count lost addends; "
+            "use fpsim.accumulate.matmul for AccumulationInfo"
+        )
+
+
+def _product(product_format: Any, product_rounding: Any, seed: int | None) -> tuple[Format, RoundMode] | None:
+    if product_format is None:
+        return None
+    fmt = get_format(product_format)
+    if isinstance(fmt, BlockFormat):
+        raise ValueError("product_format must be an element format, not a block recipe")
+    if not (isinstance(fmt, Format) and fmt.signed and fmt.has_zero):
+        raise NotImplementedError(
+            f"product_format={fmt.name}: the accumulation kernel rounds products to signed float "
+            "formats with a zero only (not integer, unsigned or E8M0 formats)"
+        )
+    mode = RoundMode.parse(product_rounding)
+    if mode is RoundMode.STOCHASTIC:
+        _check_seed(seed, "stochastic product rounding needs seed=")
+    return fmt, mode
+
+
+def _check_seed(seed: Any, missing: str) -> int:
+    if seed is None:
+        raise ValueError(missing)
+    if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)):
+        raise TypeError(f"seed must be an int, got {type(seed).__name__}")
+    return int(seed)
+
+
+def _pair(value: Any, what: str) -> tuple:
+    if isinstance(value, tuple):
+        if len(value) != 2:
+            raise ValueError(f"{what}: a pair (for a, for b) or one value for both; got {value!r}")
+        return value
+    return value, value
+
+
+def _tensor(torch: Any, x: Any, name: str) -> Any:
+    """float32 values of a torch float tensor (the emulator's conversion of its inputs)."""
+    if not isinstance(x, torch.Tensor):
+        raise TypeError(f"{name} must be a torch tensor, got {type(x).__name__}")
+    if x.dtype not in (torch.float32, torch.float16, torch.bfloat16, torch.float64):
+        raise TypeError(f"{name} must be a float32, float16, bfloat16 or float64 tensor, got {x.dtype}")
+    return x.to(torch.float32)  # exact from 16 bits; float64 to nearest even, as numpy's astype
+
+
+def _same_device(a: Any, b: Any) -> None:
+    if a.device != b.device:
+        raise ValueError(f"a is on {a.device} and b on {b.device}; both must be on one device")
+
+
+def _inputs(torch: Any, x: Any, fmt: Any, rounding: Any, seed: int | None, stream: int, name: str) -> Any:
+    """float32 values of an input after ``input_format`` (fpsim.accumulate._inputs), by the
+    portable cast kernel; stochastic rounding draws the emulator's words of ``4 * seed + stream``."""
+    if fmt is None:
+        return x
+    from fpsim.metrics import random_bits_at
+
+    from . import cast
+
+    f = get_format(fmt)
+    if isinstance(f, BlockFormat):
+        raise NotImplementedError(
+            f"input_format={f.name}: block recipes are not supported by the accumulation kernel; "
+            "use fpsim.scaled_matmul (emulator) or quantize the inputs first"
+        )
+    mode = RoundMode.parse(rounding)
+    kw: dict[str, Any] = {}
+    if mode is RoundMode.STOCHASTIC:
+        s = _check_seed(seed, f"{name}: stochastic input rounding needs seed=")
+        bits = random_bits_at(4 * s + stream, 0, x.numel()).reshape(tuple(x.shape))
+        kw = {"random_bits": torch.from_numpy(bits.view(np.int32)).to(x.device), "stochastic_bits": 32}
+    return cast.quantize(x.contiguous(), f, rounding=mode, **kw)
+
+
+def _format_params(fmt: Format | None) -> list[int]:
+    """The numbers ``_accumulate_portable._format`` reads (float32's for an unused slot)."""
+    if fmt is None:
+        fmt = accumulator_format("float32")
+    lo = int(np.float64(fmt.min_normal).view(np.int64))
+    hi = int(np.float64(fmt.max).view(np.int64))
+    m = fmt.mantissa_bits
+    return [
+        m,
+        fmt.min_exponent,
+        lo,
+        hi - lo,
+        fmt.code_of_max,
+        int(fmt.encoding is Encoding.IEEE),
+        int(fmt.encoding is Encoding.FINITE),
+        int(fmt.encoding is Encoding.FNUZ),
+        int(not fmt.subnormals and m > 0),
+        0,
+    ]
+
+
+def _offset(stream: int) -> int:
+    """SplitMix64 offset of a seed stream as an int64 bit pattern (fpsim.metrics.random_bits_at)."""
+    v = (stream * _GOLDEN) % (1 << 64)
+    return v - (1 << 64) if v >= (1 << 63) else v
+
+
+def _random_words(torch: Any, random_bits: Any, shape: tuple, device: Any) -> Any:
+    if isinstance(random_bits, torch.Tensor):
+        if random_bits.dtype not in (torch.uint32, torch.int32):
+            raise ValueError(
+                f"random_bits must be uint32 words (torch.uint32 / torch.int32 bit patterns); "
+                f"got {random_bits.dtype}"
+            )
+        bits = random_bits.view(torch.int32)
+    else:
+        arr = np.asarray(random_bits)
+        if arr.dtype != np.uint32:
+            raise ValueError(f"random_bits must be uint32 of shape {shape}; got {arr.dtype} {arr.shape}")
+        bits = torch.from_numpy(np.ascontiguousarray(arr).view(np.int32))
+    if tuple(bits.shape) != shape:
+        raise ValueError(
+            f"random_bits must be uint32 of shape {shape} (rounding_count x output); got {tuple(bits.shape)}"
+        )
+    return bits.to(device).contiguous().reshape(-1)
+
+
+def _tiles(interp: bool, m: int, n: int, is_dot: bool, launch: Launch) -> tuple[int, int]:
+    def pow2(v: int) -> int:
+        return 1 << max(0, (v - 1).bit_length())
+
+    if is_dot:
+        bm = launch.block_m or (min(pow2(m), 1024) if interp else 128)
+        bn = 1
+    else:
+        bm = launch.block_m or (min(pow2(m), 64) if interp else 32)
+        bn = launch.block_n or (min(pow2(n), 64) if interp else 32)
+    for v, what in ((bm, "block_m"), (bn, "block_n")):
+        if v < 1 or v & (v - 1):
+            raise ValueError(f"launch.{what} must be a power of two, got {v}")
+    return bm, bn
+
+
+def _run(torch, st, prod, av, bv, nb, m, n, k, strides, out_shape, random_bits, seed, launch, is_dot):
+    """Launch the kernel on contiguous float32 operands; the float32 result of ``out_shape``."""
+    if not isinstance(launch, Launch):
+        raise TypeError(f"launch must be a Launch, got {type(launch).__name__}")
+    device = av.device
+    n_out = nb * m * n
+    count = rounding_count(k, promote_every=st.chunk, compensated=(False, "kahan", "neumaier")[st.comp])
+    stochastic = RoundMode.STOCHASTIC in (st.mode, st.pmode if st.promote else None)
+    rand = av.view(torch.int32)  # stands in for the unused pointer
+    rand_kind = 0
+    if stochastic and random_bits is not None:
+        rand, rand_kind = _random_words(torch, random_bits, (count, *out_shape), device), 1
+    elif stochastic:
+        _check_seed(seed, "stochastic rounding needs random_bits= or seed=")
+        rand_kind = 2
+    out = torch.zeros(out_shape, dtype=torch.float32, device=device)
+    if n_out == 0 or k == 0:
+        return out
+    qmode = prod[1] if prod else RoundMode.NEAREST_EVEN
+    qrand = 2 if qmode is RoundMode.STOCHASTIC else 0
+    s = _check_seed(seed, "") if rand_kind == 2 or qrand else 0  # seed streams 4 s and 4 s + 1
+    params = _format_params(st.acc) + _format_params(prod[0] if prod else None)
+    params += _format_params(st.promote) + [_offset(4 * s), _offset(4 * s + 1)]
+    par = torch.tensor(params, dtype=torch.int64, device=device)
+    interp = is_interpreted(device)
+    bm, bn = _tiles(interp, m, n, is_dot, launch)
+    grid = (nb * -(-m // bm), -(-n // bn))
+    extra = {} if interp else {"num_warps": launch.num_warps, "enable_fp_fusion": False}
+    with np.errstate(all="ignore"):  # the interpreter's numpy float64 ops on inf and NaN
+        _launch_kernel(
+            kernel_module("_accumulate_portable", interp).matmul_kernel,
+            grid,
+            interp,
+            av,
+            bv,
+            out.view(torch.int32),
+            rand,
+            par,
+            m,
+            n,
+            k,
+            st.chunk or k,
+            n_out,
+            *(strides[x] for x in ("sa_b", "sa_m", "sa_k", "sb_b", "sb_m", "sb_k", "sb_n")),
+            st.nbits,
+            MODE=_MODE[st.mode],
+            PMODE=_MODE[st.pmode] if st.promote else 0,
+            QMODE=_MODE[qmode],
+            PROMOTE=st.promote is not None,
+            PROD=prod is not None,
+            COMP=st.comp,
+            RAND=rand_kind,
+            QRAND=qrand,
+            DOT=is_dot,
+            BM=bm,
+            BN=bn,
+            **extra,
+        )
+    return out
