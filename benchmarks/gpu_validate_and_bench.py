@@ -16,8 +16,8 @@ Run on a machine with an NVIDIA GPU (a few minutes; nothing here runs on the CPU
    (the best is kept). Achieved bytes/s (bytes read + bytes written, once each) is reported
    as a share of the device's peak memory bandwidth, ``--peak-gbps`` (H200: 4800 GB/s),
    next to a plain ``torch`` copy and torch's own float8 cast. Goal: 80% of peak
-   (issue 6). Later kernels (block quantization, the fused optimizer step) add rows to
-   :func:`bench_cases`.
+   (issue 6). The fused optimizer step is timed too (:func:`optim_cases`, in place, the
+   same tensors every repeat). Later kernels add rows to :func:`bench_cases`.
 
 The device name comes from ``torch.cuda.get_device_name()``.
 """
@@ -85,9 +85,9 @@ def split_formats(formats: Sequence[str], workers: int) -> list[list[str]]:
 
 def run_validation(args: argparse.Namespace, timeout_s: float) -> dict[str, Any]:
     """``fpsim validate-kernels --device cuda`` over parallel processes; the merged report."""
-    from fpsim import FORMATS
+    from fpsim import FORMATS, RECIPES
 
-    formats = args.format or list(FORMATS)
+    formats = args.format or list(FORMATS) + list(RECIPES)  # recipes: block and optimizer kernels
     groups = split_formats(formats, args.workers)
     tmp = Path(tempfile.mkdtemp(prefix="fpsim-validate-"))
     env = dict(os.environ, OMP_NUM_THREADS="1")
@@ -195,6 +195,33 @@ def bench_cases(n: int) -> list[BenchCase]:
         ),
         BenchCase("hwcast.encode f32->bfloat16", lambda L: hwcast.encode(x, "bfloat16", launch=L), 6 * n),
     ]
+    return cases + optim_cases(n)
+
+
+def optim_cases(n: int) -> list[BenchCase]:
+    """The fused AdamW step (fpsim.kernels.optim), bfloat16 master, 8-bit / FP8 states in 256-blocks.
+
+    Bytes per parameter: p (2 read, 2 written), g (4 read), m and v codes (1 read, 1 written
+    each), plus each state's float32 block scale (4 read, 4 written per 256 elements)."""
+    import torch
+    from fpsim.kernels import blocks, cast, optim
+
+    dev = "cuda"
+    p = cast.encode(torch.randn(n, device=dev), "bfloat16")
+    g = torch.randn(n, device=dev) * 1e-3
+    z = torch.zeros(n, device=dev)
+    nbytes = 12 * n + 2 * 8 * (-(-n // 256))
+    cases = []
+    for m_rec, v_rec, label in [
+        ("bnb_dynamic8_block256", "bnb_dynamic8u_block256", "bnb8"),
+        ("fp8_e4m3_block256", "fp8_e4m3_block256", "fp8"),
+    ]:
+        states = [*blocks.encode_blocks(z, m_rec)[:2], *blocks.encode_blocks(z, v_rec)[:2]]
+        kw = dict(lr=1e-3, step=10, m_recipe=m_rec, v_recipe=v_rec, inplace=True)
+        for extra in [{}, {"rounding": "stochastic", "seed": 1}]:
+            name = f"optim.adamw_step {label} bf16 {'SR' if extra else 'RN'}"
+            run = lambda _, s=states, kw=kw, extra=extra: optim.adamw_step(p, g, *s, **kw, **extra)  # noqa: E731
+            cases.append(BenchCase(name, run, nbytes, False))
     return cases
 
 

@@ -885,6 +885,23 @@ def _accumulators() -> Mapping[str, Any]:
 register_kernel(KernelSpec("accumulate.matmul", _accumulate_run, formats=_accumulators))
 
 
+# The fused optimizer step (kernels/optim.py): one row per 8-bit / FP8 state recipe x master
+# rounding, kernel vs its twin (kernels/_validate_optim.py).
+def _optim_run(fmt, rounding, *, cases, device, name):
+    from ._validate_optim import run
+
+    return run(fmt, rounding, cases=cases, device=device, name=name)
+
+
+def _optim_applies(bf, mode) -> bool:
+    from ._validate_optim import applies
+
+    return applies(bf, mode)
+
+
+register_kernel(KernelSpec("optim.adamw_step", _optim_run, applies=_optim_applies, recipes=True))
+
+
 def validate_all(
     device: str = "cpu",
     quick: bool = False,
