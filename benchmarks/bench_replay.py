@@ -3,7 +3,7 @@
 Run: ``python benchmarks/bench_replay.py [--params 4194304] [--steps 5] [--json OUT]``.
 
 A synthetic trace (4 tensors, ``--params`` parameters in all, ``--steps`` steps, gradients and
-initial parameters) is written once; then, best of 2, the time per parameter x step of
+initial parameters) is written once; then, best of 3, the time per parameter x step of
 (a) torch.optim.AdamW(foreach=True).step() on the same tensors, (b) the FP32 replay (the
 reference alone, ``configs=[]``) and (c) the reference plus an 8-bit configuration
 (``bnb-8bit-all``: dynamic maps, blocks of 256), whose own cost is (c) - (b). Goals (issue 5):
@@ -26,7 +26,7 @@ from fpsim.replay import replay
 from fpsim.trace import TraceWriter
 
 
-def best(fn, repeats: int = 2) -> float:
+def best(fn, repeats: int = 3) -> float:
     times = []
     for _ in range(repeats):
         t = time.perf_counter()

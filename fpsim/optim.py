@@ -21,6 +21,7 @@ and ``step``.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import partial
 from typing import ClassVar
@@ -65,17 +66,18 @@ def _fma(a, b, c) -> tuple[np.ndarray]:
 _CHUNK = 1 << 15  # elements per pass: float64 temporaries stay in cache, none is page-faulted
 
 
-def _chunked(fn, *arrays) -> tuple[np.ndarray, ...]:
+def _chunked(fn, *arrays, out: Sequence[np.ndarray] | None = None) -> tuple[np.ndarray, ...]:
     """``fn`` (elementwise, float32 arrays in and out) over cache-sized chunks of ``arrays``.
 
     The same values as ``fn(*arrays)``; only the temporaries are small. Full-size temporaries
     cost more than the arithmetic here: each is fresh memory from the OS, page-faulted in.
+    ``out``: float32 arrays of the inputs' shape to write the results into.
     """
     arrays = np.broadcast_arrays(*(np.asarray(a, _F32) for a in arrays))
     shape = arrays[0].shape
     flat = [a.reshape(-1) for a in arrays]
     n = flat[0].size
-    outs: list[np.ndarray] | None = None
+    outs = None if out is None else [_flat_out(o, shape) for o in out]
     for i in range(0, max(n, 1), _CHUNK):
         res = fn(*(a[i : i + _CHUNK] for a in flat))
         if outs is None:
@@ -84,6 +86,16 @@ def _chunked(fn, *arrays) -> tuple[np.ndarray, ...]:
             o[i : i + _CHUNK] = r
     assert outs is not None
     return tuple(o.reshape(shape) for o in outs)
+
+
+def _flat_out(o: np.ndarray, shape: tuple) -> np.ndarray:
+    if not isinstance(o, np.ndarray) or o.dtype != _F32 or o.shape != shape:
+        got = f"{o.dtype} {o.shape}" if isinstance(o, np.ndarray) else type(o).__name__
+        raise ValueError(f"out: need float32 arrays of shape {shape}, got {got}")
+    flat = o.reshape(-1)
+    if not np.shares_memory(flat, o):
+        raise ValueError("out: arrays must be contiguous")
+    return flat
 
 
 def _fma32_odd(p: np.ndarray, c: np.ndarray) -> np.ndarray:
@@ -109,8 +121,21 @@ class Optimizer:
     """Whether each output element depends only on the same element of the inputs (then the
     replay may update pieces of a tensor in parallel; False for factored optimizers)."""
 
-    def step(self, p: np.ndarray, g: np.ndarray, states: dict[str, np.ndarray], lr: float, t: int):
-        """Return the new parameter and states for update number ``t`` (1-based)."""
+    def step(
+        self,
+        p: np.ndarray,
+        g: np.ndarray,
+        states: dict[str, np.ndarray],
+        lr: float,
+        t: int,
+        *,
+        out: tuple[np.ndarray, dict[str, np.ndarray]] | None = None,
+    ) -> tuple[np.ndarray, dict[str, np.ndarray]]:
+        """Return the new parameter and states for update number ``t`` (1-based).
+
+        ``out``: ``(param, {state: array})`` float32 arrays of ``p``'s shape to write the
+        results into (and return); elementwise optimizers take it.
+        """
         raise NotImplementedError
 
 
@@ -132,8 +157,10 @@ class Adam(Optimizer):
     elementwise = True
     decoupled = False
 
-    def step(self, p, g, states, lr, t):
-        p, m, v = _chunked(partial(self._step, lr=lr, t=t), p, g, states["exp_avg"], states["exp_avg_sq"])
+    def step(self, p, g, states, lr, t, *, out=None):
+        outs = None if out is None else (out[0], out[1]["exp_avg"], out[1]["exp_avg_sq"])
+        step = partial(self._step, lr=lr, t=t)
+        p, m, v = _chunked(step, p, g, states["exp_avg"], states["exp_avg_sq"], out=outs)
         return p, {"exp_avg": m, "exp_avg_sq": v}
 
     def _step(self, p, g, m, v, lr, t):
@@ -171,10 +198,11 @@ class SGD(Optimizer):
     states = ("momentum_buffer",)
     elementwise = True
 
-    def step(self, p, g, states, lr, t):
+    def step(self, p, g, states, lr, t, *, out=None):
         buf = states.get("momentum_buffer")
         first = buf is None or t == 1
-        p, buf = _chunked(partial(self._step, lr=lr, first=first), p, g, g if first else buf)
+        outs = None if out is None else (out[0], out[1]["momentum_buffer"])
+        p, buf = _chunked(partial(self._step, lr=lr, first=first), p, g, g if first else buf, out=outs)
         return p, {"momentum_buffer": buf}
 
     def _step(self, p, g, buf, lr, first):

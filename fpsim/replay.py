@@ -382,10 +382,11 @@ def replay(
     runs = [_start(c, params, ref_states, optimizer) for c in cfgs]
     bar = tqdm(total=len(wanted) * len(names), disable=not progress, desc="replay", unit="tensor-step")
     n_threads = _threads(threads)
+    spare = _Spare()
     pool = ThreadPoolExecutor(max_workers=n_threads) if n_threads > 1 else _InThread()
     try:
         for step in wanted:
-            _replay_step(tr, step, names, lr, optimizer, params, ref_states, runs, seed, result, pool)
+            _replay_step(tr, step, names, lr, optimizer, params, ref_states, runs, seed, result, pool, spare)
             bar.update(len(names))
     finally:
         pool.shutdown()
@@ -419,7 +420,7 @@ def _threads(threads: int | None) -> int:
 _PIECE = 1 << 19  # elements per task of an elementwise optimizer step
 
 
-def _replay_step(tr, step, names, lr, optimizer, params, ref_states, runs, seed, result, pool) -> None:
+def _replay_step(tr, step, names, lr, optimizer, params, ref_states, runs, seed, result, pool, spare) -> None:
     """One recorded step: the FP32 reference, then each configuration, tensors in parallel."""
     lr_s = lr if lr is not None else tr.lr(step)
     if lr_s is None:
@@ -432,25 +433,47 @@ def _replay_step(tr, step, names, lr, optimizer, params, ref_states, runs, seed,
                 f"{tr.path}: step {step} gradient {name!r} has shape {g.shape}, expected {params[name].shape}"
             )
         grads[name] = g
-    ref_new = _reference_step(optimizer, names, params, grads, ref_states, lr_s, step, pool)
+    ref_new = _reference_step(optimizer, names, params, grads, ref_states, lr_s, step, pool, spare)
     for run in runs:
         _step_config(run, optimizer, step, lr_s, grads, params, ref_new, seed, result, pool)
     for name in names:
         params[name], ref_states[name] = ref_new[name]
+    spare.step_done()
 
 
-def _reference_step(optimizer, names, params, grads, states, lr, step, pool) -> dict[str, tuple]:
-    """``optimizer.step`` on every tensor; elementwise steps also split large tensors."""
+class _Spare:
+    """Recycles the reference's output arrays: the arrays a step wrote are free again once the
+    next step has replaced them (nothing else holds them), and reusing them spares the page
+    faults of fresh memory (as costly as the optimizer's arithmetic)."""
+
+    def __init__(self) -> None:
+        self.free: dict[tuple, list[np.ndarray]] = {}
+        self.lent: list[np.ndarray] = []  # handed out this step
+        self.held: list[np.ndarray] = []  # handed out last step: in params / ref_states now
+
+    def take(self, shape: tuple) -> np.ndarray:
+        pool = self.free.get(shape)
+        a = pool.pop() if pool else np.empty(shape, _F32)
+        self.lent.append(a)
+        return a
+
+    def step_done(self) -> None:
+        for a in self.held:
+            self.free.setdefault(a.shape, []).append(a)
+        self.held, self.lent = self.lent, []
+
+
+def _reference_step(optimizer, names, params, grads, states, lr, step, pool, spare) -> dict[str, tuple]:
+    """``optimizer.step`` on every tensor; elementwise steps write into recycled arrays, large
+    tensors in pieces of :data:`_PIECE` elements (one task each)."""
     tasks, out = [], {}
     for name in names:
         p, n = params[name], params[name].size
-        if not optimizer.elementwise or n <= _PIECE:
+        if not optimizer.elementwise:
             tasks.append((name, None))
             continue
-        new_p = np.empty(p.shape, _F32)
-        new_s = {st: np.empty(p.shape, _F32) for st in optimizer.states}
-        out[name] = (new_p, new_s)
-        tasks += [(name, slice(i, min(i + _PIECE, n))) for i in range(0, n, _PIECE)]
+        out[name] = (spare.take(p.shape), {st: spare.take(p.shape) for st in optimizer.states})
+        tasks += [(name, slice(i, min(i + _PIECE, n))) for i in range(0, max(n, 1), _PIECE)]
 
     def run(task):
         name, part = task
@@ -458,10 +481,9 @@ def _reference_step(optimizer, names, params, grads, states, lr, step, pool) -> 
         if part is None:
             return task, optimizer.step(p, g, s, lr, step)
         flat = {st: v.reshape(-1)[part] for st, v in s.items() if v is not None}
-        p_new, s_new = optimizer.step(p.reshape(-1)[part], g.reshape(-1)[part], flat, lr, step)
-        out[name][0].reshape(-1)[part] = p_new
-        for st, v in s_new.items():
-            out[name][1][st].reshape(-1)[part] = v
+        o_p, o_s = out[name]
+        o_flat = (o_p.reshape(-1)[part], {st: o_s[st].reshape(-1)[part] for st in o_s})
+        optimizer.step(p.reshape(-1)[part], g.reshape(-1)[part], flat, lr, step, out=o_flat)
         return task, None
 
     for (name, part), res in pool.map(run, tasks):
