@@ -166,3 +166,23 @@ def test_fp32_replay_reproduces_torch_adamw_on_a_cnn_captured_mid_training(tmp_p
     worst = _replay_vs_recorded(open_trace(tmp_path / "cnn"), 30, 40, AdamW(weight_decay=0.05))
     assert worst["exp_avg"] == 0 and worst["exp_avg_sq"] == 0
     assert worst["param"] <= 4
+
+
+def test_step_writes_into_out_and_checks_it():
+    """``out=`` gives the same values as a plain step, written into the given arrays; arrays
+    of the wrong dtype or shape are refused by name."""
+    rng = np.random.default_rng(9)
+    p, g = (
+        rng.standard_normal((3, 70000)).astype(np.float32),
+        rng.standard_normal((3, 70000)).astype(np.float32),
+    )
+    states = {"exp_avg": g * np.float32(0.1), "exp_avg_sq": g * g}
+    want_p, want_s = AdamW().step(p, g, states, 1e-3, 4)
+    out = (np.empty_like(p), {k: np.empty_like(p) for k in states})
+    got_p, got_s = AdamW().step(p, g, states, 1e-3, 4, out=out)
+    assert got_p is not None and np.shares_memory(got_p, out[0])
+    np.testing.assert_array_equal(got_p.view(np.uint32), want_p.view(np.uint32))
+    for k in states:
+        np.testing.assert_array_equal(out[1][k].view(np.uint32), want_s[k].view(np.uint32))
+    with pytest.raises(ValueError, match=r"out: need float32 arrays of shape \(3, 70000\), got float64"):
+        SGD().step(p, g, {}, 0.1, 1, out=(p.astype(np.float64), {"momentum_buffer": np.empty_like(p)}))
