@@ -81,7 +81,7 @@ def encode_blocks(
         rand = _to_blocks(np.asarray(bits).reshape(work), blk)
     grid = tuple(xb.shape[0::2])
     rows = _rows_per_chunk(bf, xb)
-    if rows < xb.shape[0]:  # one-axis blocks: rows of blocks are independent
+    if rows < xb.shape[0]:  # whole rows of blocks are independent of each other
         parts = [
             _encode_rows(
                 bf, xb[i : i + rows], None if rand is None else rand[i : i + rows], mode, stochastic_bits
@@ -99,13 +99,15 @@ def encode_blocks(
 
 
 def _rows_per_chunk(bf: BlockFormat, xb: np.ndarray) -> int:
-    """Rows of blocks per chunk: whole-tensor temporaries are fresh, page-faulted memory that
-    costs more than the arithmetic, so blocks along one axis go through in chunks (codebooks:
-    2^15 elements; element formats, whose encode has more fixed cost per call: 2^18)."""
-    if xb.ndim != 2 or bf.block is None or bf.rule is ScaleRule.NVFP4:  # NVFP4: a tensor scale
+    """Rows of blocks (along the first blocked axis) per chunk: whole-tensor temporaries are
+    fresh, page-faulted memory that costs more than the arithmetic, so large tensors go
+    through in chunks of whole blocks (codebooks: 2^15 elements; element formats, whose
+    encode has more fixed cost per call: 2^18). Per-tensor scales and NVFP4 (a tensor scale
+    from the whole amax) take the tensor in one piece."""
+    if bf.block is None or bf.rule is ScaleRule.NVFP4:
         return xb.shape[0]
     size = 1 << 15 if isinstance(bf.element, Codebook) else 1 << 18
-    return max(1, size // xb.shape[1])
+    return max(1, size // max(1, math.prod(xb.shape[1:])))
 
 
 def _encode_rows(bf: BlockFormat, xb, rand, mode: RoundMode, nbits: int, tensor_amax: float | None = None):
