@@ -101,13 +101,13 @@ def encode_blocks(
 def _rows_per_chunk(bf: BlockFormat, xb: np.ndarray) -> int:
     """Rows of blocks (along the first blocked axis) per chunk: whole-tensor temporaries are
     fresh, page-faulted memory that costs more than the arithmetic, so large tensors go
-    through in chunks of whole blocks (codebooks: 2^15 elements; element formats, whose
-    encode has more fixed cost per call: 2^18). Per-tensor scales and NVFP4 (a tensor scale
-    from the whole amax) take the tensor in one piece."""
+    through in chunks of whole blocks, about 2^16 elements (fastest for every recipe in
+    ``benchmarks/bench_blocks.py``; at 2^18 glibc hands float64 temporaries back to the OS
+    between chunks and MX encodes ran 3x slower). Per-tensor scales and NVFP4 (a tensor
+    scale from the whole amax) take the tensor in one piece."""
     if bf.block is None or bf.rule is ScaleRule.NVFP4:
         return xb.shape[0]
-    size = 1 << 15 if isinstance(bf.element, Codebook) else 1 << 18
-    return max(1, size // max(1, math.prod(xb.shape[1:])))
+    return max(1, (1 << 16) // max(1, math.prod(xb.shape[1:])))
 
 
 def _encode_rows(bf: BlockFormat, xb, rand, mode: RoundMode, nbits: int, tensor_amax: float | None = None):
