@@ -28,6 +28,8 @@ from typing import ClassVar
 
 import numpy as np
 
+from . import _fast
+
 __all__ = ["Optimizer", "Adam", "AdamW", "SGD", "get_optimizer", "fma32"]
 
 _F32 = np.float32
@@ -61,6 +63,27 @@ def _fma(a, b, c) -> tuple[np.ndarray]:
         p, c64 = np.broadcast_arrays(p, c64)
         o[risky] = _fma32_odd(p[risky], c64[risky])
     return (o,)
+
+
+def _compiled(scalars: tuple, name: str, ins: tuple, outs: tuple | None) -> tuple | None:
+    """The step by :mod:`fpsim._fast`'s compiled loop (same bits), or None to use numpy: numba
+    is missing, an array is not a float32 C-contiguous array of ``ins[0]``'s shape, or the
+    tests swapped ``_sqrt``."""
+    if not _fast.available() or _sqrt is not np.sqrt:
+        return None
+    shape = np.shape(ins[0])
+    if any(np.shape(a) != shape for a in ins):
+        return None
+    flat_in = _fast.flat32(*ins)
+    if outs is None:
+        outs = tuple(np.empty(shape, _F32) for _ in ins[1:])  # p and the states
+    flat_out = _fast.flat32(*outs)
+    if flat_in is None or flat_out is None or any(np.shape(o) != shape for o in outs):
+        return None
+    if any(np.shares_memory(o, a) for o in outs for a in ins):
+        return None
+    _fast.kernel(name)(*flat_in, *flat_out, *scalars)
+    return tuple(outs)
 
 
 _CHUNK = 1 << 15  # elements per pass: float64 temporaries stay in cache, none is page-faulted
@@ -159,9 +182,19 @@ class Adam(Optimizer):
 
     def step(self, p, g, states, lr, t, *, out=None):
         outs = None if out is None else (out[0], out[1]["exp_avg"], out[1]["exp_avg_sq"])
-        step = partial(self._step, lr=lr, t=t)
-        p, m, v = _chunked(step, p, g, states["exp_avg"], states["exp_avg_sq"], out=outs)
+        m, v = states["exp_avg"], states["exp_avg_sq"]
+        res = _compiled(self._scalars(lr, t), "adam", (p, g, m, v), outs)
+        if res is None:
+            res = _chunked(partial(self._step, lr=lr, t=t), p, g, m, v, out=outs)
+        p, m, v = res
         return p, {"exp_avg": m, "exp_avg_sq": v}
+
+    def _scalars(self, lr, t) -> tuple:
+        b1, b2 = self.betas
+        mode = 0 if not self.weight_decay else 1 if self.decoupled else 2
+        decay = 1 - lr * self.weight_decay if self.decoupled else self.weight_decay
+        rest = (decay, 1 - b1, 1 - b2, b2, math.sqrt(1 - b2**t), self.eps, -(lr / (1 - b1**t)))
+        return (mode, *(_F32(x) for x in rest))
 
     def _step(self, p, g, m, v, lr, t):
         b1, b2 = self.betas
@@ -202,7 +235,10 @@ class SGD(Optimizer):
         buf = states.get("momentum_buffer")
         first = buf is None or t == 1
         outs = None if out is None else (out[0], out[1]["momentum_buffer"])
-        p, buf = _chunked(partial(self._step, lr=lr, first=first), p, g, g if first else buf, out=outs)
+        ins = (p, g, g if first else buf)
+        scalars = (first, bool(self.weight_decay), _F32(self.weight_decay), _F32(self.momentum), _F32(-lr))
+        res = _compiled(scalars, "sgd", ins, outs)
+        p, buf = res if res is not None else _chunked(partial(self._step, lr=lr, first=first), *ins, out=outs)
         return p, {"momentum_buffer": buf}
 
     def _step(self, p, g, buf, lr, first):

@@ -37,7 +37,7 @@ from typing import Any
 
 import numpy as np
 
-from . import emulate
+from . import _fast, emulate
 from .blockformat import RECIPES, BlockFormat, Codebook
 from .codec import decode, encode
 from .delayed import DelayedScaling
@@ -46,6 +46,7 @@ from .lossscale import LossScaler, ScalerState
 from .metrics import random_bits_at
 from .optim import AdamW, Optimizer
 from .rounding import RoundMode
+from .scaling import encode_decode_blocks
 
 __all__ = ["ReplayConfig", "ReplayResult", "replay", "PRESETS", "memory_table"]
 
@@ -509,6 +510,15 @@ def _store_state(cfg: ReplayConfig, st: str, x: np.ndarray) -> Any:
     return encode(x, fmt) if _is_quantized(cfg, fmt, x.size) else x
 
 
+def _store_and_load(cfg: ReplayConfig, st: str, x: np.ndarray) -> tuple[Any, np.ndarray]:
+    """The stored form of a state and its float32 values (block recipes: in one pass)."""
+    fmt = cfg.state_format(st)
+    if _is_quantized(cfg, fmt, x.size) and isinstance(fmt, BlockFormat):
+        return encode_decode_blocks(x, fmt)
+    stored = _store_state(cfg, st, x)
+    return stored, _load_state(cfg, st, stored)
+
+
 def _load_state(cfg: ReplayConfig, st: str, stored: Any) -> np.ndarray:
     fmt = cfg.state_format(st)
     if isinstance(stored, np.ndarray) and stored.dtype == _F32:
@@ -582,21 +592,45 @@ def _update_tensor(run, optimizer, name, step, lr, g, p_ref_old, ref_new, skip, 
     else:
         p_f32, exact = optimizer.step(p_old, g, run.loaded[name], lr, step)
         p_new = _round_master(run, name, p_old, p_f32, mode, seed ^ zlib.crc32(f"{step}:{name}".encode()))
-        run.states[name] = {st: _store_state(cfg, st, v) for st, v in exact.items()}
-        states_new = {st: _load_state(cfg, st, v) for st, v in run.states[name].items()}
+        stored = {st: _store_and_load(cfg, st, v) for st, v in exact.items()}
+        run.states[name] = {st: enc for st, (enc, _) in stored.items()}
+        states_new = {st: val for st, (_, val) in stored.items()}
         run.loaded[name] = states_new
-        s.updates, s.swamped = _update_counts(p_f32, p_old, p_new)
-        for st, v in exact.items():
-            if states_new[st] is v:  # stored as float32: nothing was rounded
-                continue
-            nonzero, zeroed = _zero_counts(v, states_new[st])
-            s.state_nonzero += nonzero
-            s.state_zeroed += zeroed
     run.master[name] = p_new
-    s.p_err_sq, s.p_ref_sq, s.upd_dot, s.upd_sq, s.upd_ref_sq = _param_sums(p_new, p_ref, p_old, p_ref_old)
+    _tensor_stats(s, p_old if skip else p_f32, p_old, p_new, p_ref, p_ref_old)
     for st, v in states_new.items():
-        s.state_err_sq[st], s.state_ref_sq[st] = _state_sums(v, s_ref[st])
+        rounded = not skip and v is not exact[st]  # stored as float32: nothing was rounded
+        _state_stats(s, st, exact[st] if rounded else None, v, s_ref[st])
     return s
+
+
+def _tensor_stats(s: _Stats, p_f32, p_old, p_new, p_ref, p_ref_old) -> None:
+    """Update counts (changed by the optimizer; of those, swallowed by the master rounding) and
+    the float64 sums of the parameter error and of the two updates, into ``s``."""
+    flat = _fast.flat32(p_f32, p_old, p_new, p_ref, p_ref_old) if _fast.available() else None
+    if flat is not None:
+        sums = np.zeros(5)
+        s.updates, s.swamped = _fast.kernel("tensor_stats")(*flat, sums)
+    else:
+        s.updates, s.swamped = _update_counts(p_f32, p_old, p_new)
+        sums = _param_sums(p_new, p_ref, p_old, p_ref_old)
+    s.p_err_sq, s.p_ref_sq, s.upd_dot, s.upd_sq, s.upd_ref_sq = (float(x) for x in sums)
+
+
+def _state_stats(s: _Stats, st: str, exact, stored, ref) -> None:
+    """Zero counts (``exact`` given: the state was rounded) and the float64 error sums."""
+    flat = _fast.flat32(stored if exact is None else exact, stored, ref) if _fast.available() else None
+    if flat is not None:
+        sums = np.zeros(2)
+        nonzero, zeroed = _fast.kernel("state_stats")(*flat, sums)
+        err, tot = float(sums[0]), float(sums[1])
+    else:
+        nonzero, zeroed = _zero_counts(exact, stored) if exact is not None else (0, 0)
+        err, tot = _state_sums(stored, ref)
+    if exact is not None:
+        s.state_nonzero += nonzero
+        s.state_zeroed += zeroed
+    s.state_err_sq[st], s.state_ref_sq[st] = err, tot
 
 
 # Per-tensor statistics in cache-sized chunks (float64 temporaries of a whole tensor would be

@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from . import emulate
+from . import _fast, emulate
 from .blockformat import BlockFormat, Codebook, ScaleRule
 from .formats import Format, get_format
 from .rounding import RoundMode
@@ -74,6 +74,8 @@ def encode_blocks(
     mode = RoundMode.parse(rounding)
     x = _as_f32(x)
     work, blk = _geometry(x.shape, bf)
+    if _compiled_codebook(bf, mode, work):
+        return _encode_codebook_compiled(x, bf)
     xb = _to_blocks(x.reshape(work), blk)
     rand = None
     if mode is _R.STOCHASTIC:
@@ -96,6 +98,56 @@ def encode_blocks(
     else:
         codes, scales, tensor = _encode_rows(bf, xb, rand, mode, stochastic_bits, tensor_amax)
     return BlockCodes(_from_blocks(codes, work).reshape(x.shape), scales.reshape(grid), tensor)
+
+
+def _compiled_codebook(bf: BlockFormat, mode: RoundMode, work: tuple) -> bool:
+    """Nearest-entry codebooks over one axis of blocks (the bitsandbytes optimizer states) have
+    a compiled loop in :mod:`fpsim._fast` with the same bits (tests/test_fast.py)."""
+    el = bf.element
+    return (
+        isinstance(el, Codebook)
+        and not el.lut_bins
+        and mode is _R.NEAREST_EVEN
+        and len(work) == 1
+        and work[0] > 0
+        and _fast.available()
+    )
+
+
+def _encode_codebook_compiled(x: np.ndarray, bf: BlockFormat, values: bool = False):
+    """BlockCodes (and with ``values`` their decoded float32 values) in one compiled pass."""
+    flat = np.ascontiguousarray(x).reshape(-1)
+    b = bf.block[0] if bf.block is not None else flat.size
+    codes = np.empty(flat.size, np.uint8)
+    amax = np.empty(-(-flat.size // b), _F32)
+    vals = np.empty(flat.size if values else 0, _F32)
+    base, thr = _nearest_buckets(bf.element.table)
+    _fast.kernel("codebook_encode")(flat, b, base, thr, bf.element.table, codes, amax, vals, values)
+    enc = BlockCodes(codes.reshape(x.shape), amax.view(np.uint32), None)
+    return (enc, vals.reshape(x.shape)) if values else enc
+
+
+def encode_decode_blocks(x: Any, fmt: str | BlockFormat) -> tuple[BlockCodes, np.ndarray]:
+    """``(encode_blocks(x, fmt), decode_blocks(...))`` (nearest rounding); one pass where a
+    compiled loop exists (nearest-entry codebooks over one axis of blocks)."""
+    bf = _recipe(fmt)
+    x = _as_f32(x)
+    if _compiled_codebook(bf, _R.NEAREST_EVEN, _geometry(x.shape, bf)[0]):
+        return _encode_codebook_compiled(x, bf, values=True)
+    enc = encode_blocks(x, bf)
+    return enc, decode_blocks(enc, bf)
+
+
+def _decode_codebook_compiled(codes: np.ndarray, scales: Any, bf: BlockFormat) -> np.ndarray:
+    flat = np.ascontiguousarray(codes).reshape(-1)
+    b = bf.block[0] if bf.block is not None else flat.size
+    nb = -(-flat.size // b)
+    if np.shape(scales) != (nb,):
+        raise ValueError(f"{bf.name}: scales have shape {np.shape(scales)}, the codes need {(nb,)}")
+    s = np.ascontiguousarray(emulate.decode(np.asarray(scales), bf.scale_format), _F32).reshape(-1)
+    out = np.empty(flat.size, _F32)
+    _fast.kernel("codebook_decode")(flat, bf.element.table, s, b, out)
+    return out.reshape(codes.shape)
 
 
 def _rows_per_chunk(bf: BlockFormat, xb: np.ndarray) -> int:
@@ -140,6 +192,8 @@ def decode_blocks(encoded: BlockCodes, fmt: str | BlockFormat) -> np.ndarray:
         )
     codes = np.asarray(encoded.codes)
     work, blk = _geometry(codes.shape, bf)
+    if _compiled_codebook(bf, RoundMode.NEAREST_EVEN, work) and codes.dtype == np.uint8:
+        return _decode_codebook_compiled(codes, encoded.scales, bf)
     cb = _to_blocks(codes.reshape(work), blk)
     grid = tuple(cb.shape[0::2])
     if tuple(encoded.scales.shape) != grid:
