@@ -111,28 +111,7 @@ class _Settings:
     nbits: int
 
 
-def matmul(
-    a: Any,
-    b: Any,
-    *,
-    accumulator: str | Format | int = "float32",
-    rounding: RoundMode | str = RoundMode.NEAREST_EVEN,
-    order: str = "sequential",
-    block: int | None = None,
-    promote_every: int | None = None,
-    promote_to: str | Format | int = "float32",
-    promote_rounding: RoundMode | str = RoundMode.NEAREST_EVEN,
-    compensated: bool | str = False,
-    random_bits: Any = None,
-    seed: int | None = None,
-    stochastic_bits: int | None = None,
-    input_format: Any = None,
-    input_rounding: Any = RoundMode.NEAREST_EVEN,
-    product_format: Any = None,
-    product_rounding: RoundMode | str = RoundMode.NEAREST_EVEN,
-    return_info: bool = False,
-    launch: Launch = _DEFAULT,
-) -> Any:
+def matmul(a: Any, b: Any, **kwargs: Any) -> Any:
     """``a @ b`` with every addition rounded to ``accumulator``: :func:`fpsim.matmul` in Triton.
 
     Bit-identical to ``fpsim.matmul(a.numpy(), b.numpy(), **same keywords)`` (tested with
@@ -173,46 +152,7 @@ def matmul(
         NotImplementedError: ``order`` other than sequential, ``return_info``, a block-recipe
             ``input_format``, a ``product_format`` that is not a signed float format with zero.
     """
-    torch = require_torch()
-    st = _settings(
-        accumulator,
-        rounding,
-        order,
-        promote_every,
-        promote_to,
-        promote_rounding,
-        compensated,
-        stochastic_bits,
-    )
-    _no_info(return_info)
-    prod = _product(product_format, product_rounding, seed)
-    a, b = _tensor(torch, a, "a"), _tensor(torch, b, "b")
-    _same_device(a, b)
-    if a.ndim == 0 or b.ndim == 0:
-        raise ValueError("matmul: operands must have at least one axis")
-    squeeze = (a.ndim == 1, b.ndim == 1)
-    a2 = a[None, :] if a.ndim == 1 else a
-    b2 = b[:, None] if b.ndim == 1 else b
-    if a2.shape[-1] != b2.shape[-2]:
-        raise ValueError(f"matmul: K mismatch, a has shape {tuple(a.shape)} and b {tuple(b.shape)}")
-    fa, fb = _pair(input_format, "input_format")
-    ra, rb = _pair(input_rounding, "input_rounding")
-    a2 = _inputs(torch, a2, fa, ra, seed, 2, "a")
-    bt = _inputs(torch, b2.transpose(-1, -2), fb, rb, seed, 3, "b")  # (..., N, K), as the emulator
-    batch = tuple(torch.broadcast_shapes(a2.shape[:-2], bt.shape[:-2]))
-    m, k = a2.shape[-2:]
-    n = bt.shape[-2]
-    nb = math.prod(batch)
-    av = a2.expand(*batch, m, k).reshape(nb, m, k).contiguous()
-    bv = bt.transpose(-1, -2).expand(*batch, k, n).reshape(nb, k, n).contiguous()
-    out_shape = (*batch, m, n)
-    strides = dict(sa_b=m * k, sa_m=k, sa_k=1, sb_b=k * n, sb_m=0, sb_k=n, sb_n=1)
-    out = _run(torch, st, prod, av, bv, nb, m, n, k, strides, out_shape, random_bits, seed, launch, False)
-    if squeeze[1]:
-        out = out[..., 0]
-    if squeeze[0]:
-        out = out[..., 0, :] if not squeeze[1] else out[..., 0]
-    return out
+    return _products("matmul", a, b, **kwargs)
 
 
 def dot(a: Any, b: Any, **kwargs: Any) -> Any:
@@ -222,10 +162,11 @@ def dot(a: Any, b: Any, **kwargs: Any) -> Any:
     the broadcast output shape ``broadcast(a.shape[:-1], b.shape[:-1])``); bit-identical to
     ``fpsim.dot(a.numpy(), b.numpy(), **kwargs)``.
     """
-    return _dot(a, b, **kwargs)
+    return _products("dot", a, b, **kwargs)
 
 
-def _dot(
+def _products(
+    kind: str,
     a: Any,
     b: Any,
     *,
@@ -262,12 +203,44 @@ def _dot(
     prod = _product(product_format, product_rounding, seed)
     a, b = _tensor(torch, a, "a"), _tensor(torch, b, "b")
     _same_device(a, b)
+    fa, fb = _pair(input_format, "input_format")
+    ra, rb = _pair(input_rounding, "input_rounding")
+    if kind == "dot":
+        return _dot(torch, st, prod, a, b, fa, fb, ra, rb, random_bits, seed, launch)
+    return _matmul(torch, st, prod, a, b, fa, fb, ra, rb, random_bits, seed, launch)
+
+
+def _matmul(torch, st, prod, a, b, fa, fb, ra, rb, random_bits, seed, launch):
+    if a.ndim == 0 or b.ndim == 0:
+        raise ValueError("matmul: operands must have at least one axis")
+    squeeze = (a.ndim == 1, b.ndim == 1)
+    a2 = a[None, :] if a.ndim == 1 else a
+    b2 = b[:, None] if b.ndim == 1 else b
+    if a2.shape[-1] != b2.shape[-2]:
+        raise ValueError(f"matmul: K mismatch, a has shape {tuple(a.shape)} and b {tuple(b.shape)}")
+    a2 = _inputs(torch, a2, fa, ra, seed, 2, "a")
+    bt = _inputs(torch, b2.transpose(-1, -2), fb, rb, seed, 3, "b")  # (..., N, K), as the emulator
+    batch = tuple(torch.broadcast_shapes(a2.shape[:-2], bt.shape[:-2]))
+    m, k = a2.shape[-2:]
+    n = bt.shape[-2]
+    nb = math.prod(batch)
+    av = a2.expand(*batch, m, k).reshape(nb, m, k).contiguous()
+    bv = bt.transpose(-1, -2).expand(*batch, k, n).reshape(nb, k, n).contiguous()
+    out_shape = (*batch, m, n)
+    strides = dict(sa_b=m * k, sa_m=k, sa_k=1, sb_b=k * n, sb_m=0, sb_k=n, sb_n=1)
+    out = _run(torch, st, prod, av, bv, nb, m, n, k, strides, out_shape, random_bits, seed, launch, False)
+    if squeeze[1]:
+        out = out[..., 0]
+    if squeeze[0]:
+        out = out[..., 0, :] if not squeeze[1] else out[..., 0]
+    return out
+
+
+def _dot(torch, st, prod, a, b, fa, fb, ra, rb, random_bits, seed, launch):
     if a.ndim == 0 or b.ndim == 0 or a.shape[-1] != b.shape[-1]:
         raise ValueError(
             f"dot: a and b need the same last axis; got shapes {tuple(a.shape)} and {tuple(b.shape)}"
         )
-    fa, fb = _pair(input_format, "input_format")
-    ra, rb = _pair(input_rounding, "input_rounding")
     a = _inputs(torch, a, fa, ra, seed, 2, "a")
     b = _inputs(torch, b, fb, rb, seed, 3, "b")
     k = a.shape[-1]
