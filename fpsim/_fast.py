@@ -65,7 +65,7 @@ def _kernels() -> dict[str, Any]:
 
     @jit
     def adam(p, g, m, v, po, mo, vo, mode, decay, omb1, omb2, b2, bc2, eps, neg_step):
-        # fpsim.optim.Adam._step, element by element; mode 1: decoupled decay, 2: L2 decay
+        # fpsim.optim._adam_step with Adam.scalars, element by element
         for i in range(p.size):
             pi, gi = p[i], g[i]
             if mode == 1:
@@ -81,7 +81,7 @@ def _kernels() -> dict[str, Any]:
 
     @jit
     def sgd(p, g, buf, po, bo, first, l2, wd, mu, neg_lr):
-        # fpsim.optim.SGD._step
+        # fpsim.optim._sgd_step
         for i in range(p.size):
             gi = g[i]
             if l2:

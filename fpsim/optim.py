@@ -24,7 +24,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import partial
-from typing import ClassVar
+from typing import ClassVar, NamedTuple
 
 import numpy as np
 
@@ -182,33 +182,46 @@ class Adam(Optimizer):
 
     def step(self, p, g, states, lr, t, *, out=None):
         outs = None if out is None else (out[0], out[1]["exp_avg"], out[1]["exp_avg_sq"])
-        m, v = states["exp_avg"], states["exp_avg_sq"]
-        res = _compiled(self._scalars(lr, t), "adam", (p, g, m, v), outs)
-        if res is None:
-            res = _chunked(partial(self._step, lr=lr, t=t), p, g, m, v, out=outs)
-        p, m, v = res
+        ins = (p, g, states["exp_avg"], states["exp_avg_sq"])
+        sc = self.scalars(lr, t)
+        p, m, v = _compiled(sc, "adam", ins, outs) or _chunked(partial(_adam_step, sc=sc), *ins, out=outs)
         return p, {"exp_avg": m, "exp_avg_sq": v}
 
-    def _scalars(self, lr, t) -> tuple:
+    def scalars(self, lr: float, t: int) -> AdamScalars:
+        """The step's scalars, computed in float64 as Python does and rounded to float32 once
+        (the numpy step, the compiled loop and the Triton kernel all take these)."""
         b1, b2 = self.betas
         mode = 0 if not self.weight_decay else 1 if self.decoupled else 2
         decay = 1 - lr * self.weight_decay if self.decoupled else self.weight_decay
         rest = (decay, 1 - b1, 1 - b2, b2, math.sqrt(1 - b2**t), self.eps, -(lr / (1 - b1**t)))
-        return (mode, *(_F32(x) for x in rest))
+        with np.errstate(over="ignore"):
+            return AdamScalars(mode, *(_F32(x) for x in rest))
 
-    def _step(self, p, g, m, v, lr, t):
-        b1, b2 = self.betas
-        if self.weight_decay:
-            if self.decoupled:
-                p = p * _F32(1 - lr * self.weight_decay)
-            else:
-                (g,) = _fma(p, _F32(self.weight_decay), g)
-        (m,) = _fma(_F32(1 - b1), g - m, m)
-        (v,) = _fma(_F32(1 - b2) * g, g, v * _F32(b2))
-        step_size = lr / (1 - b1**t)
-        denom = _sqrt(v) / _F32(math.sqrt(1 - b2**t)) + _F32(self.eps)
-        p = p + (_F32(-step_size) * m) / denom
-        return p, m, v
+
+class AdamScalars(NamedTuple):
+    """Adam's per-step scalars (float32): ``mode`` 0 no decay, 1 decoupled ``p * decay``, 2 L2
+    ``g = fma(p, decay, g)``; ``bc2 = sqrt(1 - b2**t)``, ``neg_step = -lr / (1 - b1**t)``."""
+
+    mode: int
+    decay: np.float32
+    omb1: np.float32
+    omb2: np.float32
+    b2: np.float32
+    bc2: np.float32
+    eps: np.float32
+    neg_step: np.float32
+
+
+def _adam_step(p, g, m, v, sc: AdamScalars):
+    """Adam's update on float32 arrays in the documented order (the numpy path)."""
+    if sc.mode == 1:
+        p = p * sc.decay
+    elif sc.mode == 2:
+        (g,) = _fma(p, sc.decay, g)
+    (m,) = _fma(sc.omb1, g - m, m)
+    (v,) = _fma(sc.omb2 * g, g, v * sc.b2)
+    denom = _sqrt(v) / sc.bc2 + sc.eps
+    return p + (sc.neg_step * m) / denom, m, v
 
 
 @dataclass(frozen=True)
@@ -236,16 +249,18 @@ class SGD(Optimizer):
         first = buf is None or t == 1
         outs = None if out is None else (out[0], out[1]["momentum_buffer"])
         ins = (p, g, g if first else buf)
-        scalars = (first, bool(self.weight_decay), _F32(self.weight_decay), _F32(self.momentum), _F32(-lr))
-        res = _compiled(scalars, "sgd", ins, outs)
-        p, buf = res if res is not None else _chunked(partial(self._step, lr=lr, first=first), *ins, out=outs)
+        sc = (first, bool(self.weight_decay), _F32(self.weight_decay), _F32(self.momentum), _F32(-lr))
+        p, buf = _compiled(sc, "sgd", ins, outs) or _chunked(partial(_sgd_step, sc=sc), *ins, out=outs)
         return p, {"momentum_buffer": buf}
 
-    def _step(self, p, g, buf, lr, first):
-        if self.weight_decay:
-            (g,) = _fma(p, _F32(self.weight_decay), g)
-        buf = g if first else buf * _F32(self.momentum) + g
-        return _fma(buf, _F32(-lr), p)[0], buf
+
+def _sgd_step(p, g, buf, sc: tuple):
+    """SGD's update on float32 arrays (the numpy path); ``sc`` as the compiled loop takes it."""
+    first, l2, wd, mu, neg_lr = sc
+    if l2:
+        (g,) = _fma(p, wd, g)
+    buf = g if first else buf * mu + g
+    return _fma(buf, neg_lr, p)[0], buf
 
 
 def get_optimizer(name: str, **kwargs) -> Optimizer:

@@ -286,7 +286,7 @@ def adam_kernel(
     m = _load_state(mc_ptr, ms_ptr, m_tab, offs, blk, mask, rmask, M_KIND)
     v = _load_state(vc_ptr, vs_ptr, v_tab, offs, blk, mask, rmask, V_KIND)
 
-    # fpsim.optim.Adam._step, operation by operation (no contraction: enable_fp_fusion=False)
+    # fpsim.optim._adam_step, operation by operation (no contraction: enable_fp_fusion=False)
     if DECAY == 1:
         p = p * _f32(_u32(decay))
     elif DECAY == 2:

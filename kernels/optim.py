@@ -318,26 +318,11 @@ def _bits32(v: float) -> int:
 
 
 def _hyper(opt: Adam, lr: float, t: int) -> tuple[int, dict[str, int]]:
-    """DECAY constexpr and the float32 scalars (as int32 bits), computed as fpsim.optim does."""
-    b1, b2 = opt.betas
-    decay, kind = 0.0, 0
-    if opt.weight_decay:
-        if opt.decoupled:
-            decay, kind = 1 - lr * opt.weight_decay, 1
-        else:
-            decay, kind = opt.weight_decay, 2
-    step_size = lr / (1 - b1**t)
-    scalars = {
-        "decay": decay,
-        "omb1": 1 - b1,
-        "omb2": 1 - b2,
-        "beta2": b2,
-        "neg_step": -step_size,
-        "bias2": math.sqrt(1 - b2**t),
-        "eps": opt.eps,
-    }
-    with np.errstate(over="ignore"):
-        return kind, {k: _bits32(v) for k, v in scalars.items()}
+    """DECAY constexpr and the float32 scalars (as int32 bits) of :meth:`fpsim.optim.Adam.scalars`."""
+    sc = opt.scalars(lr, t)
+    names = {"decay": sc.decay, "omb1": sc.omb1, "omb2": sc.omb2, "beta2": sc.b2}
+    names |= {"neg_step": sc.neg_step, "bias2": sc.bc2, "eps": sc.eps}
+    return sc.mode, {k: _bits32(v) for k, v in names.items()}
 
 
 _STATE_KEYS = ["m", "emin", "code_max", "ftz_lim", "code_nan", "sign_shift", "fb", "ibits", "imask"]
