@@ -1,14 +1,16 @@
 """encode (nearest-even) against independent casts: ml_dtypes, numpy, torch, the scalar tier.
 
-Known ml_dtypes 0.6.0 deviations from fpsim's documented behaviour are handled explicitly,
-each pinned by its own test so that a change in ml_dtypes is noticed:
+Known ml_dtypes deviations from fpsim's documented behaviour are handled explicitly, each
+pinned by its own test (per ml_dtypes release) so that a change in ml_dtypes is noticed:
 
-* formats without NaN (float6_e2m3fn, float6_e3m2fn, float4_e2m1fn): ml_dtypes turns NaN into
-  a zero whose sign is the inverse of the NaN's; fpsim documents +0 (code 0).
-* float8_e8m0fnu: ml_dtypes rounds every float32 *subnormal* input in (2**-127, 2**-126) up
-  to 2**-126, even below the midpoint 1.5 * 2**-127; round-to-nearest-even keeps 2**-127.
-  Those inputs are compared with the scalar tier instead.
-* float64 inputs: ml_dtypes converts through float32 and can round twice; fpsim rounds once.
+* formats without NaN (float6_e2m3fn, float6_e3m2fn, float4_e2m1fn): ml_dtypes (0.6 and 0.7)
+  turns NaN into a zero whose sign is the inverse of the NaN's; fpsim documents +0 (code 0).
+* float8_e8m0fnu, ml_dtypes 0.6 only: every float32 *subnormal* input in (2**-127, 2**-126)
+  rounds up to 2**-126, even below the midpoint 1.5 * 2**-127; round-to-nearest-even keeps
+  2**-127. With 0.6 those inputs are compared with the scalar tier instead; 0.7 rounds them
+  to nearest and is compared directly.
+* float64 inputs, ml_dtypes 0.6 only: it converts through float32 and can round twice; fpsim
+  rounds once. 0.7 rounds float64 once, and the float64 points are compared with it too.
 """
 
 from __future__ import annotations
@@ -42,6 +44,8 @@ from fpsim.reference import encode_scalar
 ML_FLOAT_FORMATS = [f for f in FLOAT_FORMATS if ml_dtype_or_none(f) is not None]
 NO_NAN_FORMATS = [f for f in FLOAT_FORMATS if f.encoding is Encoding.FINITE]
 E8M0 = get_format("float8_e8m0fnu")
+ML_DTYPES_06 = tuple(int(p) for p in ml_dtypes.__version__.split(".")[:2]) < (0, 7)
+"""ml_dtypes before 0.7: E8M0 from float32 subnormals rounds up, float64 goes through float32."""
 
 
 def _f32_subnormal(x: np.ndarray) -> np.ndarray:
@@ -65,8 +69,8 @@ def check_against_ml_dtypes(x: np.ndarray, fmt, context: str = "") -> None:
         assert np.all(ml_decode(want[isnan], fmt) == 0), "ml_dtypes no longer maps NaN to a zero"
         assert_codes_equal(got[isnan], np.zeros(isnan.sum(), np.int64), fmt, x[isnan], context="NaN -> +0")
         keep &= ~isnan
-    if fmt == E8M0:
-        # (b) ml_dtypes' subnormal handling; compared with the scalar tier instead.
+    if fmt == E8M0 and ML_DTYPES_06:
+        # (b) ml_dtypes 0.6's subnormal handling; compared with the scalar tier instead.
         sub = _f32_subnormal(x)
         if sub.any():
             xs = x[sub]
@@ -121,17 +125,16 @@ def test_no_nan_formats_encode_nan_as_positive_zero(fmt):
     np.testing.assert_array_equal(ml_encode(x, fmt), want_ml)
 
 
-def test_e8m0_float32_subnormals_disagree_with_ml_dtypes():
+def test_e8m0_float32_subnormals_against_ml_dtypes():
     # E8M0 has the values 2**-127 (code 0) and 2**-126 (code 1) at the bottom; the midpoint is
     # 1.5 * 2**-127, so round-to-nearest-even takes 1.1 * 2**-127 to 2**-127, code 0.
-    # ml_dtypes 0.6.0 rounds every float32 subnormal input in (2**-127, 2**-126) up to
-    # 2**-126 (code 1), below the midpoint too. Should this test fail on the ml_dtypes side,
-    # ml_dtypes changed, and the exclusion in check_against_ml_dtypes can go.
+    # ml_dtypes 0.6 rounds every float32 subnormal input in (2**-127, 2**-126) up to
+    # 2**-126 (code 1), below the midpoint too; 0.7 rounds them to nearest, as fpsim does.
     x = np.array([1.1 * 2.0**-127, 1.4999 * 2.0**-127, 1.5 * 2.0**-127, 1.6 * 2.0**-127], np.float32)
     assert x[0] < 2.0**-126 and x[0] > 2.0**-127
     assert_codes_equal(fpsim.encode(x, E8M0), [0, 0, 1, 1], E8M0, x)
     assert_codes_equal(scalar_codes(x, E8M0), [0, 0, 1, 1], E8M0, x)
-    np.testing.assert_array_equal(ml_encode(x, E8M0), [1, 1, 1, 1])
+    np.testing.assert_array_equal(ml_encode(x, E8M0), [1, 1, 1, 1] if ML_DTYPES_06 else [0, 0, 1, 1])
     # float32 *normal* inputs are rounded correctly by ml_dtypes: 1.1 * 2**-126 -> 2**-126
     y = np.array([1.1 * 2.0**-126, 1.6 * 2.0**-126], np.float32)
     np.testing.assert_array_equal(ml_encode(y, E8M0), [1, 2])
@@ -232,12 +235,21 @@ def test_float64_just_off_midpoints_round_once(fmt):
 def test_float64_double_rounding_example():
     # 464 is the midpoint between 448 (e4m3fn max, even) and 480 (not finite). 464.0000000001
     # is above it, so a single nearest rounding overflows: no inf in e4m3fn -> NaN (0x7F).
-    # ml_dtypes goes through float32 first (464.0000000001 -> 464.0, a tie) and then
-    # rounds the tie to even, 448 (0x7E).
+    # ml_dtypes 0.6 goes through float32 first (464.0000000001 -> 464.0, a tie) and then
+    # rounds the tie to even, 448 (0x7E); 0.7 rounds once, as fpsim does.
     x = np.array([464.0000000001, -464.0000000001, 463.9999999999])
     assert_codes_equal(fpsim.encode(x, "float8_e4m3fn"), [0x7F, 0xFF, 0x7E], "float8_e4m3fn", x)
     assert [encode_scalar(v, "float8_e4m3fn") for v in x] == [0x7F, 0xFF, 0x7E]
-    np.testing.assert_array_equal(ml_encode(x, "float8_e4m3fn"), [0x7E, 0xFE, 0x7E])
+    want_ml = [0x7E, 0xFE, 0x7E] if ML_DTYPES_06 else [0x7F, 0xFF, 0x7E]
+    np.testing.assert_array_equal(ml_encode(x, "float8_e4m3fn"), want_ml)
+
+
+@pytest.mark.skipif(ML_DTYPES_06, reason="ml_dtypes 0.6 rounds float64 through float32 (twice)")
+@pytest.mark.parametrize("fmt", ML_FLOAT_FORMATS, ids=fmt_id)
+def test_float64_points_match_ml_dtypes(fmt):
+    """Midpoints of the format in float64 and their neighbours, offsets far below float32's
+    resolution: ml_dtypes 0.7 rounds them once, as fpsim does."""
+    check_against_ml_dtypes(float64_points(fmt), fmt, "float64 points")
 
 
 @pytest.mark.parametrize("fmt", ML_FLOAT_FORMATS, ids=fmt_id)
