@@ -6,9 +6,16 @@ numba compiles without fast-math, so LLVM neither contracts a multiply and an ad
 nor flushes subnormals, division and square root are IEEE (correctly rounded), and the fmas
 the optimizers need are LLVM's ``llvm.fma`` intrinsic (one rounding, IEEE 754 section 5.4.1,
 in hardware or libm). The tests run both paths on the same inputs (zeros, subnormals, inf,
-NaN, ties) and compare bit patterns; float64 statistics are summed in a fixed order (chunks of
-2^15 elements, each left to right, then the chunks in order) and may differ from numpy's in
-the last bits.
+NaN, ties) and compare bit patterns.
+
+The one relaxation is in the float64 statistics (sums of squared errors and of update
+products): each tile of 2^12 elements is summed with reassociation allowed, so that LLVM
+sums in SIMD lanes, and the tile sums are added in order. The order is fixed by the compiled
+code (the same on every call, in every thread, for every split of the work into tiles), so
+results do not depend on the number of threads; they may differ from numpy's sums, and
+between machines with different SIMD widths, in the last bits (the tests allow 1e-12).
+
+Loops work tile by tile of whole blocks: the temporaries of a tile stay in cache.
 
 The functions are single-threaded and release the GIL; the replay runs them from its thread
 pool. They compile on first use (about a second each), never at import.
@@ -23,7 +30,7 @@ import numpy as np
 
 __all__ = ["available"]
 
-_CHUNK = 1 << 15
+_TILE = 1 << 12  # elements per tile: the tile buffers of a step stay in the L1/L2 cache
 
 
 @functools.cache
@@ -61,7 +68,22 @@ def _kernels() -> dict[str, Any]:
 
         return types.uint32(types.float32), codegen
 
+    @intrinsic
+    def float32_of(typingctx, x):
+        def codegen(context, builder, signature, args):
+            return builder.bitcast(args[0], ir.FloatType())
+
+        return types.float32(types.uint32), codegen
+
     jit = njit(nogil=True, cache=False, fastmath=False, error_model="numpy")
+    # Float64 statistics only: reassociation lets LLVM sum in SIMD lanes (a fixed order for
+    # the compiled code, so the same on every call and thread); nothing else is relaxed.
+    jit_sum = njit(nogil=True, cache=False, fastmath={"reassoc"}, error_model="numpy")
+
+    @jit
+    def tile_of(block):
+        # elements per tile for blocks of `block` elements: whole blocks, about _TILE
+        return block * max(1, _TILE // block)
 
     @jit
     def adam(p, g, m, v, po, mo, vo, mode, decay, omb1, omb2, b2, bc2, eps, neg_step):
@@ -91,28 +113,43 @@ def _kernels() -> dict[str, Any]:
             bo[i] = b
 
     @jit
-    def codebook_encode(x, block, base, thr, table, codes, absmax, values, want_values):
-        # fpsim.scaling._codebook (nearest): fmaxf absmax (NaN skipped), v = x * f32(1/max(a, 1e-38)),
-        # index = base[key] + (v > thr[key]) with key = top 16 bits of v; with want_values also
-        # the decoded value table[index] * a (fpsim.scaling._decode_rows)
+    def absmax(x):
+        # fmaxf over |x| with NaN skipped, on the bit patterns: below NaN, float32 magnitudes
+        # order as their bits do (one integer max per element, which vectorizes)
+        a = np.uint32(0)
+        for i in range(x.size):
+            b = bits32(x[i]) & np.uint32(0x7FFFFFFF)
+            a = max(a, b if b <= np.uint32(0x7F800000) else np.uint32(0))
+        return float32_of(a)
+
+    @jit
+    def codebook_tile(x, block, first, base, thr, table, codes, absmaxes, values):
+        # fpsim.scaling._codebook (nearest) on whole blocks x (block `first` onwards): absmax,
+        # v = x * f32(1/max(a, 1e-38)), index = base[key] + (v > thr[key]) with key = the top
+        # 16 bits of v, and the decoded value table[index] * a (fpsim.scaling._decode_rows)
         n = x.size
         one, tiny = np.float32(1), np.float32(1e-38)
-        for b in range(absmax.size):
+        for b in range(-(-n // block)):
             lo, hi = b * block, min(n, (b + 1) * block)
-            a = np.float32(0)
-            for i in range(lo, hi):
-                t = abs(x[i])
-                if t > a:  # fmax: NaN never wins
-                    a = t
-            absmax[b] = a
+            a = absmax(x[lo:hi])
+            absmaxes[first + b] = a
             inv = one / max(a, tiny)
             for i in range(lo, hi):
                 v = x[i] * inv
                 k = bits32(v) >> 16
                 q = base[k] + (1 if v > thr[k] else 0)
                 codes[i] = q
-                if want_values:
-                    values[i] = table[q] * a
+                values[i] = table[q] * a
+
+    @jit
+    def codebook_encode(x, block, base, thr, table, codes, absmax, values, want_values):
+        # codebook_tile over the tensor, one tile of whole blocks at a time
+        tile = tile_of(block)
+        buf = np.empty(tile if not want_values else 0, np.float32)
+        for lo in range(0, x.size, tile):
+            hi = min(x.size, lo + tile)
+            out = values[lo:hi] if want_values else buf[: hi - lo]
+            codebook_tile(x[lo:hi], block, lo // block, base, thr, table, codes[lo:hi], absmax, out)
 
     @jit
     def codebook_decode(codes, table, scales, block, out):
@@ -124,52 +161,135 @@ def _kernels() -> dict[str, Any]:
                 out[i] = table[codes[i]] * s
 
     @jit
+    def zero_counts(exact, stored):
+        # nonzero elements of exact, and those of them stored as zero
+        nonzero = zeroed = 0
+        for i in range(exact.size):
+            nz = np.int64(exact[i] != 0)
+            nonzero += nz
+            zeroed += nz * np.int64(stored[i] == 0)
+        return nonzero, zeroed
+
+    @jit
+    def update_counts(f, old, new):
+        # elements the optimizer changed, and those of them the master rounding swallowed
+        updates = swamped = 0
+        for i in range(f.size):
+            ch = np.int64(f[i] != old[i])
+            updates += ch
+            swamped += ch * np.int64(new[i] == old[i])
+        return updates, swamped
+
+    @jit_sum
+    def sq_diff(a, b):
+        s = 0.0
+        for i in range(a.size):
+            d = np.float64(a[i]) - np.float64(b[i])
+            s += d * d
+        return s
+
+    @jit_sum
+    def sq(a):
+        s = 0.0
+        for i in range(a.size):
+            d = np.float64(a[i])
+            s += d * d
+        return s
+
+    @jit_sum
+    def diff_dot(a, a0, b, b0):
+        s = 0.0
+        for i in range(a.size):
+            s += (np.float64(a[i]) - np.float64(a0[i])) * (np.float64(b[i]) - np.float64(b0[i]))
+        return s
+
+    @jit
     def tensor_stats(f, old, new, ref, ref_old, sums):
-        # fpsim.replay._update_counts and _param_sums in one pass: counts of changed and of
-        # swallowed updates; sum d^2, sum ref^2, u.ur, u.u, ur.ur (float64), chunk by chunk
+        # fpsim.replay._update_counts and _param_sums: counts of changed and of swallowed
+        # updates; sum d^2, sum ref^2, u.ur, u.u, ur.ur (float64) tile by tile
         n = new.size
         updates = swamped = 0
-        for c in range(0, n, _CHUNK):
-            s0 = s1 = s2 = s3 = s4 = 0.0
-            for i in range(c, min(n, c + _CHUNK)):
-                if f[i] != old[i]:
-                    updates += 1
-                    if new[i] == old[i]:
-                        swamped += 1
-                a, r = np.float64(new[i]), np.float64(ref[i])
-                d = a - r
-                u, ur = a - np.float64(old[i]), r - np.float64(ref_old[i])
-                s0 += d * d
-                s1 += r * r
-                s2 += u * ur
-                s3 += u * u
-                s4 += ur * ur
-            sums[0] += s0
-            sums[1] += s1
-            sums[2] += s2
-            sums[3] += s3
-            sums[4] += s4
+        for lo in range(0, n, _TILE):
+            hi = min(n, lo + _TILE)
+            nw, r, o, ro = new[lo:hi], ref[lo:hi], old[lo:hi], ref_old[lo:hi]
+            a, b = update_counts(f[lo:hi], o, nw)
+            updates += a
+            swamped += b
+            sums[0] += sq_diff(nw, r)
+            sums[1] += sq(r)
+            sums[2] += diff_dot(nw, o, r, ro)
+            sums[3] += sq_diff(nw, o)
+            sums[4] += sq_diff(r, ro)
         return updates, swamped
 
     @jit
+    def tile_state_stats(exact, stored, ref, counts, sums, j):
+        # fpsim.replay._zero_counts and _state_sums of one tile, into counts[j:j+2], sums[j:j+2]
+        a, b = zero_counts(exact, stored)
+        counts[j] += a
+        counts[j + 1] += b
+        sums[j] += sq_diff(stored, ref)
+        sums[j + 1] += sq(ref)
+
+    @jit
     def state_stats(exact, stored, ref, sums):
-        # fpsim.replay._zero_counts and _state_sums in one pass
-        n = stored.size
-        nonzero = zeroed = 0
-        for c in range(0, n, _CHUNK):
-            s0 = s1 = 0.0
-            for i in range(c, min(n, c + _CHUNK)):
-                if exact[i] != 0:
-                    nonzero += 1
-                    if stored[i] == 0:
-                        zeroed += 1
-                r = np.float64(ref[i])
-                e = np.float64(stored[i]) - r
-                s0 += e * e
-                s1 += r * r
-            sums[0] += s0
-            sums[1] += s1
-        return nonzero, zeroed
+        # tile_state_stats, tile by tile
+        counts = np.zeros(2, np.int64)
+        for lo in range(0, stored.size, _TILE):
+            hi = min(stored.size, lo + _TILE)
+            tile_state_stats(exact[lo:hi], stored[lo:hi], ref[lo:hi], counts, sums, 0)
+        return counts[0], counts[1]
+
+    @jit
+    def adam_codebook(
+        p,
+        g,
+        mq,
+        ms,
+        vq,
+        vs,
+        block,
+        mt,
+        mbase,
+        mthr,
+        vt,
+        vbase,
+        vthr,
+        po,
+        mref,
+        vref,
+        counts,
+        sums,
+        mode,
+        decay,
+        omb1,
+        omb2,
+        b2,
+        bc2,
+        eps,
+        neg_step,
+    ):
+        # One Adam step with both moments in nearest-entry codebook blocks (fpsim.replay
+        # semantics 2-3), tile by tile of whole blocks: decode (table[code] * absmax), the
+        # adam loop above, codebook_tile on each new moment (codes and absmaxes in place),
+        # then the state statistics of state_stats against the reference's moments
+        n = p.size
+        tile = tile_of(block)
+        m0, v0 = np.empty(tile, np.float32), np.empty(tile, np.float32)
+        m1, v1 = np.empty(tile, np.float32), np.empty(tile, np.float32)
+        for lo in range(0, n, tile):
+            hi = min(n, lo + tile)
+            k, first = hi - lo, lo // block
+            last = first - (-k // block)
+            codebook_decode(mq[lo:hi], mt, ms[first:last], block, m0)
+            codebook_decode(vq[lo:hi], vt, vs[first:last], block, v0)
+            adam(
+                p[lo:hi], g[lo:hi], m0, v0, po[lo:hi], m1, v1, mode, decay, omb1, omb2, b2, bc2, eps, neg_step
+            )
+            codebook_tile(m1[:k], block, first, mbase, mthr, mt, mq[lo:hi], ms, m0)
+            codebook_tile(v1[:k], block, first, vbase, vthr, vt, vq[lo:hi], vs, v0)
+            tile_state_stats(m1[:k], m0[:k], mref[lo:hi], counts, sums, 0)
+            tile_state_stats(v1[:k], v0[:k], vref[lo:hi], counts, sums, 2)
 
     return {
         "adam": adam,
@@ -178,6 +298,7 @@ def _kernels() -> dict[str, Any]:
         "codebook_decode": codebook_decode,
         "tensor_stats": tensor_stats,
         "state_stats": state_stats,
+        "adam_codebook": adam_codebook,
     }
 
 

@@ -37,7 +37,7 @@ from typing import Any
 
 import numpy as np
 
-from . import _fast, emulate
+from . import _fast, _fused, emulate
 from .blockformat import RECIPES, BlockFormat, Codebook
 from .codec import decode, encode
 from .delayed import DelayedScaling
@@ -317,7 +317,8 @@ class _Run:
     master: dict[str, np.ndarray] = field(default_factory=dict)  # stored values (float32)
     comp: dict[str, np.ndarray] = field(default_factory=dict)
     states: dict[str, dict[str, Any]] = field(default_factory=dict)  # name -> state -> encoded
-    loaded: dict[str, dict[str, np.ndarray]] = field(default_factory=dict)  # their float32 values
+    loaded: dict[str, dict[str, np.ndarray] | None] = field(default_factory=dict)  # their values (None:
+    # not decoded yet, see _loaded)
     scaler: ScalerState | None = None
     delayed: dict[str, Any] = field(default_factory=dict)
 
@@ -396,7 +397,7 @@ def replay(
     result.final_states["reference"] = ref_states
     for run in runs:
         result.final_params[run.cfg.name] = run.master
-        result.final_states[run.cfg.name] = run.loaded
+        result.final_states[run.cfg.name] = {name: _loaded(run, name) for name in names}
     return result
 
 
@@ -529,17 +530,21 @@ def _load_state(cfg: ReplayConfig, st: str, stored: Any) -> np.ndarray:
 def _start(cfg: ReplayConfig, params, ref_states, optimizer) -> _Run:
     run = _Run(cfg, scaler=cfg.loss_scaler.init() if cfg.loss_scaler else None)
     for name, p in params.items():
-        run.master[name] = emulate.quantize(p, cfg.master_format(name))
+        fmt = cfg.master_format(name)
+        exact = fmt.name == "float32" and not np.isnan(p).any()  # (quantize makes NaNs quiet)
+        run.master[name] = p.copy() if exact else emulate.quantize(p, fmt)
         if cfg.kahan:
             run.comp[name] = np.zeros_like(p)
         run.states[name] = {st: _store_state(cfg, st, ref_states[name][st]) for st in optimizer.states}
-        run.loaded[name] = {st: _load_state(cfg, st, v) for st, v in run.states[name].items()}
+        run.loaded[name] = None  # decoded when first needed (_loaded)
         if cfg.grad_delayed is not None:
             run.delayed[name] = cfg.grad_delayed.init()
     return run
 
 
 def _grad(run: _Run, name: str, g: np.ndarray) -> tuple[np.ndarray, bool]:
+    """The gradient the optimizer sees, and whether it holds inf/NaN (looked at only where a
+    loss scaler will act on it)."""
     cfg = run.cfg
     if cfg.grad_delayed is not None:
         enc, run.delayed[name] = cfg.grad_delayed.step(run.delayed[name], g)
@@ -547,14 +552,16 @@ def _grad(run: _Run, name: str, g: np.ndarray) -> tuple[np.ndarray, bool]:
     fmt = get_format(cfg.grad)
     if isinstance(fmt, BlockFormat):
         q = decode(encode(g, fmt), fmt)
-        return q, not bool(np.isfinite(q).all())
-    if fmt.name == "float32" and run.scaler is None:
-        return g, not bool(np.isfinite(g).all())
-    scale = _F32(run.scaler.scale) if run.scaler else _F32(1)
-    with np.errstate(over="ignore", invalid="ignore"):
-        q = emulate.quantize(g * scale, fmt)
-        inf = not bool(np.isfinite(q).all())
-        return (q * run.scaler.inv_scale if run.scaler else q), inf
+    elif fmt.name == "float32" and run.scaler is None:
+        q = g
+    else:
+        scale = _F32(run.scaler.scale) if run.scaler else _F32(1)
+        with np.errstate(over="ignore", invalid="ignore"):
+            q = emulate.quantize(g * scale, fmt)
+            if run.scaler:
+                inf = not bool(np.isfinite(q).all())
+                return q * run.scaler.inv_scale, inf
+    return q, run.scaler is not None and not bool(np.isfinite(q).all())
 
 
 def _step_config(run, optimizer, step, lr, grads, params, ref_new, seed, result, pool) -> None:
@@ -588,20 +595,41 @@ def _update_tensor(run, optimizer, name, step, lr, g, p_ref_old, ref_new, skip, 
     p_ref, s_ref = ref_new
     s = _Stats(n=p_old.size)
     if skip:
-        p_new, states_new = p_old, run.loaded[name]
+        p_f32 = p_new = p_old
+        for st, v in _loaded(run, name).items():
+            _state_stats(s, st, None, v, s_ref[st])
     else:
-        p_f32, exact = optimizer.step(p_old, g, run.loaded[name], lr, step)
+        formats = {st: cfg.state_format(st) for st in run.states[name]}
+        quantized = all(_is_quantized(cfg, f, p_old.size) for f in formats.values())
+        fused = quantized and _fused.adam_codebook_step(
+            optimizer, formats, run.states[name], p_old, g, lr, step, s_ref
+        )
+        if fused:
+            p_f32, run.states[name], run.loaded[name] = fused.p, fused.states, None
+            for st, (nonzero, zeroed, err, tot) in fused.stats.items():
+                s.state_nonzero += nonzero
+                s.state_zeroed += zeroed
+                s.state_err_sq[st], s.state_ref_sq[st] = err, tot
+        else:
+            p_f32, exact = optimizer.step(p_old, g, _loaded(run, name), lr, step)
+            stored = {st: _store_and_load(cfg, st, v) for st, v in exact.items()}
+            run.states[name] = {st: enc for st, (enc, _) in stored.items()}
+            run.loaded[name] = {st: val for st, (_, val) in stored.items()}
+            for st, v in run.loaded[name].items():
+                rounded = v is not exact[st]  # stored as float32: nothing was rounded
+                _state_stats(s, st, exact[st] if rounded else None, v, s_ref[st])
         p_new = _round_master(run, name, p_old, p_f32, mode, seed ^ zlib.crc32(f"{step}:{name}".encode()))
-        stored = {st: _store_and_load(cfg, st, v) for st, v in exact.items()}
-        run.states[name] = {st: enc for st, (enc, _) in stored.items()}
-        states_new = {st: val for st, (_, val) in stored.items()}
-        run.loaded[name] = states_new
     run.master[name] = p_new
-    _tensor_stats(s, p_old if skip else p_f32, p_old, p_new, p_ref, p_ref_old)
-    for st, v in states_new.items():
-        rounded = not skip and v is not exact[st]  # stored as float32: nothing was rounded
-        _state_stats(s, st, exact[st] if rounded else None, v, s_ref[st])
+    _tensor_stats(s, p_f32, p_old, p_new, p_ref, p_ref_old)
     return s
+
+
+def _loaded(run: _Run, name: str) -> dict[str, np.ndarray]:
+    """The float32 values of a tensor's stored states (decoded when the fused step left only
+    the codes)."""
+    if run.loaded.get(name) is None:
+        run.loaded[name] = {st: _load_state(run.cfg, st, enc) for st, enc in run.states[name].items()}
+    return run.loaded[name]
 
 
 def _tensor_stats(s: _Stats, p_f32, p_old, p_new, p_ref, p_ref_old) -> None:

@@ -2,12 +2,17 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
 
 import fpsim
-from fpsim import _fast
+from fpsim import _fast, _fused
+from fpsim.blockformat import RECIPES
 from fpsim.optim import SGD, Adam, AdamW
+from fpsim.replay import _state_sums, _zero_counts
+from fpsim.scaling import encode_decode_blocks
 
 pytest.importorskip("numba")
 
@@ -35,7 +40,7 @@ def _special(rng: np.random.Generator, n: int, scale: float) -> np.ndarray:
     x[idx[k : 2 * k]] = -0.0
     x[idx[2 * k : 3 * k]] = (rng.standard_normal(k) * 2.0**-140).astype(np.float32)
     x[idx[3 * k : 4 * k]] = (rng.standard_normal(k) * 2.0**120).astype(np.float32)
-    x[idx[-3:]] = [np.inf, -np.inf, np.nan]
+    x[idx[-3:]] = [np.inf, -np.inf, np.nan][: min(n, 3)]
     return x
 
 
@@ -114,9 +119,10 @@ def test_compiled_codebook_blocks_equal_numpy(name, numpy_only):
     _same(fpsim.decode(got, bf), want_v, "decoded")
 
 
-def test_replay_with_and_without_compiled_loops(tmp_path, numpy_only):
-    """The whole replay: final parameters and states bit for bit, counts exactly, float64
-    statistics to rounding (they are summed in another order)."""
+def test_replay_with_and_without_compiled_loops(tmp_path, numpy_only, monkeypatch):
+    """The whole replay (the fused 8-bit step included, with skipped steps): final parameters
+    and states bit for bit, counts exactly, float64 statistics to rounding (they are summed
+    in another order)."""
     from fpsim.replay import replay
     from fpsim.trace import TraceWriter
 
@@ -131,8 +137,32 @@ def test_replay_with_and_without_compiled_loops(tmp_path, numpy_only):
                 for k, sh in shapes.items()
             }
             w.write_step(s, {"grad": g, **({"param": p0} if s == 1 else {})}, lr=1e-3)
-    configs = ["bnb-8bit-all", "bf16-master-sr", "fp16-grads-dynamic"]
+    from fpsim.lossscale import LossScaler
+    from fpsim.replay import PRESETS, ReplayConfig
+
+    # 8-bit states with FP16 gradients and a loss scale that overflows: skipped steps
+    scaled = ReplayConfig(
+        "bnb-fp16",
+        m=PRESETS["bnb-8bit"].m,
+        v=PRESETS["bnb-8bit"].v,
+        grad="float16",
+        loss_scaler=LossScaler(init_scale=2.0**23, growth_interval=1),
+    )
+    configs = ["bnb-8bit-all", "bnb-8bit", "bf16-master-sr", "fp16-grads-dynamic", scaled]
+    fused = []
+    step = _fused.adam_codebook_step
+
+    def spy(*args):
+        out = step(*args)
+        fused.append(out is not None)
+        return out
+
+    monkeypatch.setattr(_fused, "adam_codebook_step", spy)
     fast = replay(trace, configs, progress=False)
+    # bnb-8bit-all every step, "big" of bnb-8bit (min_quantized_size 4096) every step,
+    # both tensors of bnb-fp16 in its one step that is not skipped
+    assert fused.count(True) == 3 * 2 + 3 + 2, fused
+    assert [fast.skipped[s, "bnb-fp16"] for s in (1, 2, 3)] == [False, True, True]
     with numpy_only:
         slow = replay(trace, configs, progress=False)
     for cfg, params in slow.final_params.items():
@@ -151,3 +181,110 @@ def test_replay_with_and_without_compiled_loops(tmp_path, numpy_only):
         ), key
         for name in ("p_err_sq", "p_ref_sq", "upd_dot", "upd_sq", "upd_ref_sq"):
             assert getattr(f, name) == pytest.approx(getattr(s, name), rel=1e-12, abs=1e-300), (key, name)
+
+
+_BLOCK100 = replace(RECIPES["bnb_dynamic8_block256"], name="bnb_dynamic8_block100", block=(100,))
+_BLOCK100U = replace(RECIPES["bnb_dynamic8u_block256"], name="bnb_dynamic8u_block100", block=(100,))
+FUSED_RECIPES = [
+    ("bnb_dynamic8_block256", "bnb_dynamic8u_block256"),
+    ("bnb_dynamic8_block2048", "bnb_dynamic8_block2048"),
+    (_BLOCK100, _BLOCK100U),  # tiles of 4000: blocks that do not divide 2^12
+]
+
+
+def _finite(x: np.ndarray) -> np.ndarray:
+    """x without inf, NaN and the values so large that their squares overflow."""
+    with np.errstate(invalid="ignore"):
+        return np.where(np.abs(x) < 2.0**60, x, np.float32(0)).astype(np.float32)
+
+
+@pytest.mark.parametrize("optimizer", [o for o in OPTIMIZERS if isinstance(o, Adam)], ids=repr)
+@pytest.mark.parametrize("recipes", FUSED_RECIPES, ids=lambda r: fpsim.get_format(r[0]).name)
+@pytest.mark.parametrize("n", [3, 257, 4097, 70_001])
+@pytest.mark.parametrize("finite", [False, True], ids=["inf-nan", "finite"])
+def test_fused_codebook_step_equals_generic_path(optimizer, recipes, n, finite, numpy_only):
+    """The fused Adam step with codebook moments against Adam.step + encode_decode_blocks
+    (compiled and numpy): parameters, codes and scale bits equal over three steps of special
+    values (zero blocks, subnormals; with huge values, inf and NaN, or without), zero counts
+    exact, error sums to rounding (finite ones in the finite variant)."""
+    fm, fv = (fpsim.get_format(r) for r in recipes)
+    formats = {"exp_avg": fm, "exp_avg_sq": fv}
+    rng = np.random.default_rng(n)
+    special = (lambda *a: _finite(_special(*a))) if finite else _special
+    p = special(rng, n, 1.0)
+    stored = {"exp_avg": fpsim.encode(special(rng, n, 1e-4), fm)}
+    stored["exp_avg_sq"] = fpsim.encode(np.abs(special(rng, n, 1e-7)), fv)
+    if n > 512:
+        p[:300] = 0  # whole zero blocks
+    with np.errstate(all="ignore"):
+        for t, lr in [(1, 1e-3), (2, 3e-4), (9, 0.5)]:
+            g = special(rng, n, 1e-3)
+            ref = {"exp_avg": special(rng, n, 1e-4), "exp_avg_sq": np.abs(special(rng, n, 1e-7))}
+            loaded = {st: fpsim.decode(e, formats[st]) for st, e in stored.items()}
+            p_want, exact = optimizer.step(p, g, loaded, lr, t)
+            want = {st: encode_decode_blocks(v, formats[st]) for st, v in exact.items()}
+            with numpy_only:
+                p_numpy, exact_numpy = optimizer.step(p, g, loaded, lr, t)
+                want_numpy = {st: encode_decode_blocks(v, formats[st]) for st, v in exact_numpy.items()}
+            got = _fused.adam_codebook_step(optimizer, formats, stored, p, g, lr, t, ref)
+            assert got is not None, "the fused step must apply to these recipes"
+            _same(got.p, p_want, f"param t={t}")
+            _same(got.p, p_numpy, f"param (numpy) t={t}")
+            for st, (enc, val) in want.items():
+                np.testing.assert_array_equal(got.states[st].codes, enc.codes, err_msg=f"{st} codes t={t}")
+                np.testing.assert_array_equal(got.states[st].scales, enc.scales, err_msg=f"{st} scales t={t}")
+                np.testing.assert_array_equal(want_numpy[st][0].codes, enc.codes)
+                nonzero, zeroed, err, tot = got.stats[st]
+                assert (nonzero, zeroed) == _zero_counts(exact[st], val), (st, t)
+                want_err, want_tot = _state_sums(val, ref[st])
+                assert np.isfinite(want_err) == finite or n < 4, (st, t)
+                approx = {"rel": 1e-12, "abs": 1e-300, "nan_ok": True}
+                assert err == pytest.approx(want_err, **approx), (st, t)
+                assert tot == pytest.approx(want_tot, **approx), (st, t)
+            p, stored = got.p, got.states
+
+
+def test_fused_codebook_step_declines_what_it_does_not_cover():
+    """Other block sizes per moment, non-codebook recipes, SGD, lookup-table codebooks: None
+    (the replay then takes the generic path)."""
+    n = 1000
+    p = g = np.zeros(n, np.float32)
+    ref = {"exp_avg": p, "exp_avg_sq": p}
+
+    def attempt(m, v, optimizer=None):
+        optimizer = optimizer or AdamW()
+        formats = {"exp_avg": fpsim.get_format(m), "exp_avg_sq": fpsim.get_format(v)}
+        stored = {st: fpsim.encode(p, f) for st, f in formats.items()}
+        return _fused.adam_codebook_step(optimizer, formats, stored, p, g, 1e-3, 1, ref)
+
+    assert attempt("bnb_dynamic8_block256", "bnb_dynamic8u_block256") is not None
+    assert attempt("bnb_dynamic8_block2048", "bnb_dynamic8u_block256") is None
+    assert attempt("bnb_dynamic8_block256", "int8_block256") is None
+    assert attempt("fp8_e4m3_block256", "fp8_e4m3_block256") is None
+    cpu = fpsim.replay.PRESETS["bnb-8bit-cpu"]
+    assert attempt(cpu.m, cpu.v) is None
+    assert attempt("bnb_dynamic8_block256", "bnb_dynamic8u_block256", SGD()) is None
+
+
+@pytest.mark.parametrize("n", [1, 4095, 4096, 4097, 100_003])
+def test_compiled_statistics_equal_numpy(n):
+    """tensor_stats / state_stats (tile sums in SIMD lanes) against the numpy statistics:
+    counts exactly, float64 sums to rounding."""
+    from fpsim.replay import _param_sums, _update_counts
+
+    rng = np.random.default_rng(n)
+    old, ref, ref_old = (_special(rng, n, 1.0) for _ in range(3))
+    new = old.copy()
+    new[::3] += np.float32(1e-3)
+    f = new.copy()
+    f[::7] += np.float32(1e-9)  # intended but swallowed
+    finite = np.isfinite(old) & np.isfinite(ref) & np.isfinite(ref_old) & np.isfinite(new)
+    for a in (old, ref, ref_old, new, f):
+        a[~finite] = 0
+    sums = np.zeros(5)
+    counts = _fast.kernel("tensor_stats")(f, old, new, ref, ref_old, sums)
+    assert counts == _update_counts(f, old, new)
+    np.testing.assert_allclose(sums, _param_sums(new, ref, old, ref_old), rtol=1e-12, atol=1e-300)
+    sums = np.zeros(2)
+    assert _fast.kernel("state_stats")(f, new, ref, sums) == _zero_counts(f, new)
+    np.testing.assert_allclose(sums, _state_sums(new, ref), rtol=1e-12, atol=1e-300)
