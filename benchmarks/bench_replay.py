@@ -1,14 +1,17 @@
 """Replay throughput against torch.optim.AdamW(foreach=True) on the same CPU, same run.
 
-Run: ``python benchmarks/bench_replay.py [--params 4194304] [--steps 5] [--json OUT]``.
+Run: ``python benchmarks/bench_replay.py [--params 4194304] [--steps 5] [--config NAME ...]
+[--repeats 3] [--json OUT]``.
 
 A synthetic trace (4 tensors, ``--params`` parameters in all, ``--steps`` steps, gradients and
-initial parameters) is written once; then, best of 3, the time per parameter x step of
-(a) torch.optim.AdamW(foreach=True).step() on the same tensors, (b) the FP32 replay (the
-reference alone, ``configs=[]``) and (c) the reference plus an 8-bit configuration
-(``bnb-8bit-all``: dynamic maps, blocks of 256), whose own cost is (c) - (b). Goals (issue 5):
-FP32 replay within 1.5x of torch, 8-bit within 4x. Trace reading and the divergence metrics
-are included in fpsim's time.
+initial parameters) is written once; then, best of ``--repeats`` rounds (each round runs every
+measurement once, interleaved, so that a drift in the machine's speed hits all of them alike),
+the time per parameter x step of (a) torch.optim.AdamW(foreach=True).step() on the same
+tensors, (b) the FP32 replay (the reference alone, ``configs=[]``) and (c) the reference plus
+one 8-bit configuration (default ``bnb-8bit-all``: dynamic maps, blocks of 256; others with
+``--config``, e.g. ``int8-states``, ``fp8-states``), whose own cost is (c) - (b). Goals
+(issue 5): FP32 replay within 1.5x of torch, 8-bit within 4x. Trace reading, the set-up of
+the states and the divergence metrics are included in fpsim's time.
 """
 
 from __future__ import annotations
@@ -26,13 +29,16 @@ from fpsim.replay import replay
 from fpsim.trace import TraceWriter
 
 
-def best(fn, repeats: int = 3) -> float:
-    times = []
+def best(fns: dict, repeats: int = 3) -> dict:
+    """Best time of each function over ``repeats`` rounds, the functions interleaved in each
+    round (the machine's speed drifts: a ratio of two timings taken minutes apart is noise)."""
+    times = {k: [] for k in fns}
     for _ in range(repeats):
-        t = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t)
-    return min(times)
+        for k, fn in fns.items():
+            t = time.perf_counter()
+            fn()
+            times[k].append(time.perf_counter() - t)
+    return {k: min(v) for k, v in times.items()}
 
 
 def main() -> None:
@@ -40,8 +46,15 @@ def main() -> None:
     ap.add_argument("--params", type=int, default=1 << 22)
     ap.add_argument("--steps", type=int, default=5)
     ap.add_argument("--threads", type=int, default=None, help="replay threads (default: all CPUs)")
+    ap.add_argument(
+        "--config",
+        action="append",
+        help="8-bit configuration to time (repeatable; default bnb-8bit-all)",
+    )
+    ap.add_argument("--repeats", type=int, default=3, help="rounds; the best time of each counts")
     ap.add_argument("--json")
     args = ap.parse_args()
+    args.config = args.config or ["bnb-8bit-all"]
     import torch
 
     rng = np.random.default_rng(0)
@@ -66,30 +79,38 @@ def main() -> None:
                 opt.step()
 
         work = args.params * args.steps
-        t_torch = best(torch_run)
-        t_fp32 = best(lambda: replay(path, [], optimizer=AdamW(), progress=False, threads=args.threads))
-        t_8bit = best(
-            lambda: replay(path, ["bnb-8bit-all"], optimizer=AdamW(), progress=False, threads=args.threads)
-        )
-    own_8bit = t_8bit - t_fp32
+        runs = {
+            "torch": torch_run,
+            "fp32": lambda: replay(path, [], optimizer=AdamW(), progress=False, threads=args.threads),
+        }
+        for cfg in args.config:
+            runs[cfg] = lambda cfg=cfg: replay(
+                path, [cfg], optimizer=AdamW(), progress=False, threads=args.threads
+            )
+        for fn in runs.values():  # warm up: numba compiles on first use
+            fn()
+        t = best(runs, args.repeats)
+    t_torch, t_fp32 = t["torch"], t["fp32"]
     row = {
         "params": args.params,
         "steps": args.steps,
         "torch_Mps": work / t_torch / 1e6,
         "fp32_Mps": work / t_fp32 / 1e6,
-        "bit8_Mps": work / own_8bit / 1e6,
         "fp32_vs_torch": t_fp32 / t_torch,
-        "bit8_vs_torch": own_8bit / t_torch,
+        "configs": {},
     }
     print(f"torch AdamW(foreach=True): {row['torch_Mps']:8.1f} M param-steps/s")
     print(
         f"fpsim FP32 replay:         {row['fp32_Mps']:8.1f} M param-steps/s = {row['fp32_vs_torch']:.2f}x "
         f"torch's time (goal <= 1.5x)"
     )
-    print(
-        f"fpsim 8-bit config:        {row['bit8_Mps']:8.1f} M param-steps/s = {row['bit8_vs_torch']:.2f}x "
-        f"torch's time (goal <= 4x)"
-    )
+    for cfg in args.config:
+        own = t[cfg] - t_fp32
+        row["configs"][cfg] = {"own_Mps": work / own / 1e6, "own_vs_torch": own / t_torch}
+        print(
+            f"{cfg + ' (own cost):':27}{work / own / 1e6:8.1f} M param-steps/s = {own / t_torch:.2f}x "
+            f"torch's time (goal <= 4x)"
+        )
     if args.json:
         Path(args.json).write_text(json.dumps(row, indent=2))
 

@@ -142,6 +142,66 @@ def _kernels() -> dict[str, Any]:
                 values[i] = table[q] * a
 
     @jit
+    def amax_nan(x):
+        # torch.amax of |x|: NaN if any element is NaN (the bits above inf's)
+        a = np.uint32(0)
+        for i in range(x.size):
+            a = max(a, bits32(x[i]) & np.uint32(0x7FFFFFFF))
+        return float32_of(a)
+
+    @jit
+    def e4m3_code(v):
+        # float32 -> float8_e4m3fn, nearest-even, saturating (fpsim.emulate.encode with
+        # saturate=True): NaN -> S.1111.111, |v| > 448 -> 448, below 2^-6 subnormal steps of
+        # 2^-9 (an integer multiple of 2^-9 rounded once by adding 2^23), else the mantissa
+        # rounded to 3 bits; branch-free (selects), so that loops of it vectorize
+        b = bits32(v)
+        sign = (b >> 24) & np.uint32(0x80)
+        a = b & np.uint32(0x7FFFFFFF)
+        sub = bits32(float32_of(a) * np.float32(512) + np.float32(8388608)) - np.uint32(0x4B000000)
+        nor = ((a + np.uint32(0x7FFFF) + ((a >> 20) & np.uint32(1))) >> 20) - np.uint32(120 << 3)
+        c = sub if a < np.uint32(0x3C800000) else nor
+        c = np.uint32(0x7E) if a > np.uint32(0x43E00000) else c  # above 448, inf included
+        c = np.uint32(0x7F) if a > np.uint32(0x7F800000) else c
+        return np.uint8(sign | c)
+
+    @jit
+    def int8_code(v):
+        # float32 -> int8 symmetric, nearest-even, saturating to -127..127, NaN -> 0
+        r = min(max(np.rint(v), np.float32(-127)), np.float32(127))
+        return np.uint8(np.int32(np.float32(0) if v != v else r) & 0xFF)
+
+    @jit
+    def absmax_tile(kind, x, block, first, eps, elem_max, table, codes, scales, values):
+        # fpsim.scaling._prescale (ScaleRule.ABSMAX) with an int8 symmetric (kind 1) or
+        # float8_e4m3fn (kind 2) element on whole blocks: amax (NaN propagates), s =
+        # f32(max(amax, eps) / elem_max), elements x / (s or 1) cast nearest-even saturating,
+        # and the decoded value table[code] * s
+        n = x.size
+        for b in range(-(-n // block)):
+            lo, hi = b * block, min(n, (b + 1) * block)
+            a = amax_nan(x[lo:hi])
+            s = (a if a >= eps or a != a else eps) / elem_max
+            scales[first + b] = s
+            d = s if s != 0 else np.float32(1)
+            if kind == 1:
+                for i in range(lo, hi):
+                    codes[i] = int8_code(x[i] / d)
+            else:
+                for i in range(lo, hi):
+                    codes[i] = e4m3_code(x[i] / d)
+            for i in range(lo, hi):
+                values[i] = table[codes[i]] * s
+
+    @jit
+    def encode_tile(kind, x, block, first, base, thr, table, eps, elem_max, codes, scales, values):
+        # one tile of a state: kind 0 codebook_tile, else absmax_tile
+        if kind == 0:
+            codebook_tile(x, block, first, base, thr, table, codes, scales, values)
+        else:
+            absmax_tile(kind, x, block, first, eps, elem_max, table, codes, scales, values)
+
+    @jit
     def codebook_encode(x, block, base, thr, table, codes, absmax, values, want_values):
         # codebook_tile over the tensor, one tile of whole blocks at a time
         tile = tile_of(block)
@@ -241,7 +301,28 @@ def _kernels() -> dict[str, Any]:
         return counts[0], counts[1]
 
     @jit
-    def adam_codebook(
+    def encode_blocks8(kind, x, block, base, thr, table, eps, elem_max, codes, scales, values):
+        # encode_tile over the tensor, one tile of whole blocks at a time
+        tile = tile_of(block)
+        for lo in range(0, x.size, tile):
+            hi = min(x.size, lo + tile)
+            encode_tile(
+                kind,
+                x[lo:hi],
+                block,
+                lo // block,
+                base,
+                thr,
+                table,
+                eps,
+                elem_max,
+                codes[lo:hi],
+                scales,
+                values[lo:hi],
+            )
+
+    @jit
+    def adam_blocks(
         p,
         g,
         mq,
@@ -249,12 +330,18 @@ def _kernels() -> dict[str, Any]:
         vq,
         vs,
         block,
+        mk,
         mt,
         mbase,
         mthr,
+        meps,
+        mmax,
+        vk,
         vt,
         vbase,
         vthr,
+        veps,
+        vmax,
         po,
         mref,
         vref,
@@ -269,10 +356,10 @@ def _kernels() -> dict[str, Any]:
         eps,
         neg_step,
     ):
-        # One Adam step with both moments in nearest-entry codebook blocks (fpsim.replay
-        # semantics 2-3), tile by tile of whole blocks: decode (table[code] * absmax), the
-        # adam loop above, codebook_tile on each new moment (codes and absmaxes in place),
-        # then the state statistics of state_stats against the reference's moments
+        # One Adam step with both moments in 8-bit blocks (fpsim.replay semantics 2-3), tile by
+        # tile of whole blocks: decode (table[code] * scale), the adam loop above, encode_tile
+        # on each new moment (codes and scales in place), then the state statistics of
+        # state_stats against the reference's moments
         n = p.size
         tile = tile_of(block)
         m0, v0 = np.empty(tile, np.float32), np.empty(tile, np.float32)
@@ -286,8 +373,8 @@ def _kernels() -> dict[str, Any]:
             adam(
                 p[lo:hi], g[lo:hi], m0, v0, po[lo:hi], m1, v1, mode, decay, omb1, omb2, b2, bc2, eps, neg_step
             )
-            codebook_tile(m1[:k], block, first, mbase, mthr, mt, mq[lo:hi], ms, m0)
-            codebook_tile(v1[:k], block, first, vbase, vthr, vt, vq[lo:hi], vs, v0)
+            encode_tile(mk, m1[:k], block, first, mbase, mthr, mt, meps, mmax, mq[lo:hi], ms, m0)
+            encode_tile(vk, v1[:k], block, first, vbase, vthr, vt, veps, vmax, vq[lo:hi], vs, v0)
             tile_state_stats(m1[:k], m0[:k], mref[lo:hi], counts, sums, 0)
             tile_state_stats(v1[:k], v0[:k], vref[lo:hi], counts, sums, 2)
 
@@ -298,7 +385,10 @@ def _kernels() -> dict[str, Any]:
         "codebook_decode": codebook_decode,
         "tensor_stats": tensor_stats,
         "state_stats": state_stats,
-        "adam_codebook": adam_codebook,
+        "adam_blocks": adam_blocks,
+        "encode_blocks8": encode_blocks8,
+        "e4m3_code": e4m3_code,
+        "int8_code": int8_code,
     }
 
 

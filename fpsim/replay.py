@@ -381,23 +381,24 @@ def replay(
         params[name] = _initial(tr, first, name, "param", g.shape)
         ref_states[name] = {st: _initial(tr, first, name, f"state.{st}", g.shape) for st in optimizer.states}
     result = ReplayResult(str(tr.path), cfgs, wanted, sizes={n: int(params[n].size) for n in names})
-    runs = [_start(c, params, ref_states, optimizer) for c in cfgs]
-    bar = tqdm(total=len(wanted) * len(names), disable=not progress, desc="replay", unit="tensor-step")
     n_threads = _threads(threads)
     spare = _Spare()
     pool = ThreadPoolExecutor(max_workers=n_threads) if n_threads > 1 else _InThread()
+    bar = tqdm(total=len(wanted) * len(names), disable=not progress, desc="replay", unit="tensor-step")
     try:
+        runs = [_start(c, params, ref_states, optimizer, pool) for c in cfgs]
         for step in wanted:
             _replay_step(tr, step, names, lr, optimizer, params, ref_states, runs, seed, result, pool, spare)
             bar.update(len(names))
+        result.final_params["reference"] = params
+        result.final_states["reference"] = ref_states
+        for run in runs:
+            result.final_params[run.cfg.name] = run.master
+            states = pool.map(lambda name, run=run: _loaded(run, name), names)
+            result.final_states[run.cfg.name] = dict(zip(names, states))
     finally:
         pool.shutdown()
         bar.close()
-    result.final_params["reference"] = params
-    result.final_states["reference"] = ref_states
-    for run in runs:
-        result.final_params[run.cfg.name] = run.master
-        result.final_states[run.cfg.name] = {name: _loaded(run, name) for name in names}
     return result
 
 
@@ -508,7 +509,10 @@ def _is_quantized(cfg: ReplayConfig, fmt: Any, size: int) -> bool:
 
 def _store_state(cfg: ReplayConfig, st: str, x: np.ndarray) -> Any:
     fmt = cfg.state_format(st)
-    return encode(x, fmt) if _is_quantized(cfg, fmt, x.size) else x
+    if not _is_quantized(cfg, fmt, x.size):
+        return x
+    enc = _fused.encode_state(fmt, x)  # the fused step's own encoder where it covers fmt
+    return encode(x, fmt) if enc is None else enc
 
 
 def _store_and_load(cfg: ReplayConfig, st: str, x: np.ndarray) -> tuple[Any, np.ndarray]:
@@ -524,19 +528,24 @@ def _load_state(cfg: ReplayConfig, st: str, stored: Any) -> np.ndarray:
     fmt = cfg.state_format(st)
     if isinstance(stored, np.ndarray) and stored.dtype == _F32:
         return stored
-    return decode(stored, fmt)
+    out = _fused.decode_state(fmt, stored)
+    return decode(stored, fmt) if out is None else out
 
 
-def _start(cfg: ReplayConfig, params, ref_states, optimizer) -> _Run:
+def _start(cfg: ReplayConfig, params, ref_states, optimizer, pool) -> _Run:
     run = _Run(cfg, scaler=cfg.loss_scaler.init() if cfg.loss_scaler else None)
-    for name, p in params.items():
-        fmt = cfg.master_format(name)
+
+    def first(name: str) -> tuple:
+        p, fmt = params[name], cfg.master_format(name)
         exact = fmt.name == "float32" and not np.isnan(p).any()  # (quantize makes NaNs quiet)
-        run.master[name] = p.copy() if exact else emulate.quantize(p, fmt)
-        if cfg.kahan:
-            run.comp[name] = np.zeros_like(p)
-        run.states[name] = {st: _store_state(cfg, st, ref_states[name][st]) for st in optimizer.states}
+        master = p.copy() if exact else emulate.quantize(p, fmt)
+        return master, {st: _store_state(cfg, st, ref_states[name][st]) for st in optimizer.states}
+
+    for name, (master, states) in zip(params, pool.map(first, list(params))):
+        run.master[name], run.states[name] = master, states
         run.loaded[name] = None  # decoded when first needed (_loaded)
+        if cfg.kahan:
+            run.comp[name] = np.zeros_like(master)
         if cfg.grad_delayed is not None:
             run.delayed[name] = cfg.grad_delayed.init()
     return run
@@ -601,7 +610,7 @@ def _update_tensor(run, optimizer, name, step, lr, g, p_ref_old, ref_new, skip, 
     else:
         formats = {st: cfg.state_format(st) for st in run.states[name]}
         quantized = all(_is_quantized(cfg, f, p_old.size) for f in formats.values())
-        fused = quantized and _fused.adam_codebook_step(
+        fused = quantized and _fused.adam_block_step(
             optimizer, formats, run.states[name], p_old, g, lr, step, s_ref
         )
         if fused:
