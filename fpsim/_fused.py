@@ -16,7 +16,9 @@ flattened tensor, by one of: a codebook rounded to the nearest entry (the bitsan
 dynamic maps, ``bnb_dynamic8_block256`` ...), linear absmax INT8 (``int8_block256``,
 ``int8_block2048``) or float8_e4m3fn with an FP32 absmax scale (``fp8_e4m3_block256``,
 torchao's AdamWFp8). Everything else takes the generic path. The stored codes and scales are
-updated in place.
+updated in place. A large tensor is updated piece by piece (:func:`pieces`, each piece one
+task of the replay's thread pool); the split depends on the tensor's size and block only, so
+the results do not depend on the number of threads.
 """
 
 from __future__ import annotations
@@ -32,7 +34,7 @@ from .formats import get_format
 from .rounding import RoundMode
 from .scaling import BlockCodes, _compiled_codebook, _geometry, _nearest_buckets
 
-__all__ = ["FusedStep", "adam_block_step", "decode_state", "encode_state"]
+__all__ = ["FusedStep", "Plan", "adam_block_step", "decode_state", "encode_state", "plan", "run_piece"]
 
 _F32 = np.float32
 _MOMENTS = ("exp_avg", "exp_avg_sq")
@@ -117,6 +119,104 @@ def _writable(a: np.ndarray, dtype) -> bool:
     return a.dtype == dtype and a.flags.c_contiguous and a.flags.writeable
 
 
+PIECE = 1 << 19
+"""Elements per piece: a tensor's update runs piece by piece (each piece one task of the
+replay's thread pool), pieces of whole tiles, and the statistics of the pieces are added in
+order; the split depends on the tensor's size and blocks only, never on the thread count."""
+
+
+class Plan(NamedTuple):
+    """One tensor's fused update, set up by :func:`plan`, run by :func:`run_piece`."""
+
+    m: _State
+    v: _State
+    states: dict[str, BlockCodes]  # the stored moments, writable: updated in place
+    arrays: tuple  # flat p, g, reference m, reference v
+    out: np.ndarray  # the FP32 result, p's shape
+
+
+def plan(
+    optimizer: Any,
+    formats: dict[str, Any],
+    stored: dict[str, Any],
+    p: np.ndarray,
+    g: np.ndarray,
+    ref_states: dict[str, np.ndarray],
+) -> Plan | None:
+    """The fused update of one tensor, or None where it does not apply (module doc).
+
+    Args:
+        optimizer: the replay's optimizer.
+        formats: the state formats by name (``"exp_avg"``, ``"exp_avg_sq"``).
+        stored: the stored moments (:class:`fpsim.BlockCodes`).
+        p, g: the master values and the (unscaled) gradient, float32 of one shape.
+        ref_states: the FP32 reference's new moments, for the statistics.
+    """
+    if not (_fast.available() and optim._sqrt is np.sqrt and isinstance(optimizer, optim.Adam)):
+        return None
+    if type(optimizer).step is not optim.Adam.step or set(formats) != set(_MOMENTS):
+        return None
+    m, v = (_state(formats[st], p.shape) for st in _MOMENTS)
+    if m is None or v is None or m.block != v.block:
+        return None
+    arrays = _fast.flat32(p, g, ref_states["exp_avg"], ref_states["exp_avg_sq"])
+    enc = [stored[st] for st in _MOMENTS]
+    if arrays is None or g.shape != p.shape or not all(isinstance(e, BlockCodes) for e in enc):
+        return None
+    states = {
+        st: BlockCodes(
+            e.codes if _writable(e.codes, np.uint8) else np.array(e.codes, np.uint8),
+            e.scales if _writable(e.scales, np.uint32) else np.array(e.scales, np.uint32),
+            None,
+        )
+        for st, e in zip(_MOMENTS, enc)
+    }
+    return Plan(m, v, states, tuple(arrays), np.empty(p.shape, _F32))
+
+
+def pieces(pl: Plan) -> list[slice]:
+    """The pieces of the tensor: whole tiles of whole blocks, about :data:`PIECE` elements."""
+    block = pl.m.block
+    tile = block * max(1, _fast._TILE // block)
+    step = tile * max(1, PIECE // tile)
+    n = pl.out.size
+    return [slice(a, min(n, a + step)) for a in range(0, n, step)]
+
+
+def run_piece(pl: Plan, part: slice, optimizer: Any, lr: float, t: int) -> tuple[np.ndarray, np.ndarray]:
+    """Update elements ``part`` (one of :func:`pieces`): writes the FP32 result into
+    ``pl.out`` and the moments' codes and scales in place; returns the piece's zero counts
+    and error sums (per moment: nonzero, zeroed; sum (stored - ref)^2, sum ref^2)."""
+    m, v = pl.m, pl.v
+    blocks = slice(part.start // m.block, -(-part.stop // m.block))
+    p, g, m_ref, v_ref = (a[part] for a in pl.arrays)
+    (mq, ms), (vq, vs) = (
+        (pl.states[st].codes.reshape(-1)[part], pl.states[st].scales.reshape(-1).view(_F32)[blocks])
+        for st in _MOMENTS
+    )
+    counts, sums = np.zeros(4, np.int64), np.zeros(4)
+    _fast.kernel("adam_blocks")(
+        p, g, mq, ms, vq, vs, m.block,
+        m.kind, m.table, m.base, m.thr, m.eps, m.elem_max,
+        v.kind, v.table, v.base, v.thr, v.eps, v.elem_max,
+        pl.out.reshape(-1)[part], m_ref, v_ref, counts, sums, *optimizer.scalars(lr, t),
+    )  # fmt: skip
+    return counts, sums
+
+
+def finish(pl: Plan, results: list[tuple[np.ndarray, np.ndarray]]) -> FusedStep:
+    """The tensor's :class:`FusedStep` from :func:`run_piece`'s results, in piece order."""
+    counts = sum(c for c, _ in results)
+    sums = [0.0] * 4
+    for _, s in results:  # in order: the same sums for any number of threads
+        sums = [a + float(b) for a, b in zip(sums, s)]
+    stats = {
+        st: (int(counts[2 * i]), int(counts[2 * i + 1]), sums[2 * i], sums[2 * i + 1])
+        for i, st in enumerate(_MOMENTS)
+    }
+    return FusedStep(pl.out, pl.states, stats)
+
+
 def adam_block_step(
     optimizer: Any,
     formats: dict[str, Any],
@@ -127,65 +227,10 @@ def adam_block_step(
     t: int,
     ref_states: dict[str, np.ndarray],
 ) -> FusedStep | None:
-    """One tensor's update in one compiled pass, or None where it does not apply (module doc).
-
-    Args:
-        optimizer: the replay's optimizer.
-        formats: the state formats by name (``"exp_avg"``, ``"exp_avg_sq"``).
-        stored: the stored moments (:class:`fpsim.BlockCodes`), updated in place.
-        p, g: the master values and the (unscaled) gradient, float32 of one shape.
-        lr, t: learning rate and 1-based update count.
-        ref_states: the FP32 reference's new moments, for the statistics.
-    """
-    if not (_fast.available() and optim._sqrt is np.sqrt and isinstance(optimizer, optim.Adam)):
+    """One tensor's whole update (:func:`plan`, every piece, :func:`finish`), or None where the
+    fused step does not apply; ``lr`` and ``t`` (1-based) are the step's learning rate and
+    update count, the other arguments as :func:`plan` takes them."""
+    pl = plan(optimizer, formats, stored, p, g, ref_states)
+    if pl is None:
         return None
-    if type(optimizer).step is not optim.Adam.step:
-        return None
-    kinds = [_state(formats[st], p.shape) for st in _MOMENTS]
-    if None in kinds or kinds[0].block != kinds[1].block:
-        return None
-    arrays = _fast.flat32(p, g, ref_states["exp_avg"], ref_states["exp_avg_sq"])
-    if arrays is None or g.shape != p.shape:
-        return None
-    enc = [stored[st] for st in _MOMENTS]
-    if not all(isinstance(e, BlockCodes) for e in enc):
-        return None
-    codes = [e.codes if _writable(e.codes, np.uint8) else np.array(e.codes, np.uint8) for e in enc]
-    scales = [e.scales if _writable(e.scales, np.uint32) else np.array(e.scales, np.uint32) for e in enc]
-    p_out = np.empty(p.shape, _F32)
-    counts, sums = np.zeros(4, np.int64), np.zeros(4)
-    flat_p, flat_g, m_ref, v_ref = arrays
-    m, v = kinds
-    _fast.kernel("adam_blocks")(
-        flat_p,
-        flat_g,
-        codes[0].reshape(-1),
-        scales[0].reshape(-1).view(_F32),
-        codes[1].reshape(-1),
-        scales[1].reshape(-1).view(_F32),
-        m.block,
-        m.kind,
-        m.table,
-        m.base,
-        m.thr,
-        m.eps,
-        m.elem_max,
-        v.kind,
-        v.table,
-        v.base,
-        v.thr,
-        v.eps,
-        v.elem_max,
-        p_out.reshape(-1),
-        m_ref,
-        v_ref,
-        counts,
-        sums,
-        *optimizer.scalars(lr, t),
-    )
-    states = {st: BlockCodes(c, s, None) for st, c, s in zip(_MOMENTS, codes, scales)}
-    stats = {
-        st: (int(counts[2 * i]), int(counts[2 * i + 1]), float(sums[2 * i]), float(sums[2 * i + 1]))
-        for i, st in enumerate(_MOMENTS)
-    }
-    return FusedStep(p_out, states, stats)
+    return finish(pl, [run_piece(pl, part, optimizer, lr, t) for part in pieces(pl)])

@@ -587,18 +587,39 @@ def _step_config(run, optimizer, step, lr, grads, params, ref_new, seed, result,
     if run.scaler is not None:
         run.scaler = cfg.loss_scaler.update(run.scaler, found_inf)
     mode = RoundMode.parse(cfg.master_rounding)
+    fused = {} if skip else _fused_steps(run, optimizer, step, lr, unscaled, ref_new, pool)
 
     def update(name: str) -> _Stats:
         return _update_tensor(
-            run, optimizer, name, step, lr, unscaled[name], params[name], ref_new[name], skip, mode, seed
-        )
+            run, optimizer, name, step, lr, unscaled[name], params[name], ref_new[name], skip, mode, seed,
+            fused.get(name),
+        )  # fmt: skip
 
     for name, stats in zip(grads, pool.map(update, list(grads))):  # in order: sums stay reproducible
         result.stats[step, name, cfg.name] = stats
 
 
-def _update_tensor(run, optimizer, name, step, lr, g, p_ref_old, ref_new, skip, mode, seed) -> _Stats:
-    """One configuration's update of one tensor, and its statistics against the reference."""
+def _fused_steps(run, optimizer, step, lr, grads, ref_new, pool) -> dict[str, _fused.FusedStep]:
+    """The fused compiled updates (:mod:`fpsim._fused`) of the tensors they cover, piece by
+    piece in the thread pool (a large tensor is not left to one thread)."""
+    plans = {}
+    for name, g in grads.items():
+        formats = {st: run.cfg.state_format(st) for st in run.states[name]}
+        if all(_is_quantized(run.cfg, f, g.size) for f in formats.values()):
+            pl = _fused.plan(optimizer, formats, run.states[name], run.master[name], g, ref_new[name][1])
+            if pl is not None:
+                plans[name] = pl
+    jobs = [(name, part) for name, pl in plans.items() for part in _fused.pieces(pl)]
+    done = list(pool.map(lambda job: _fused.run_piece(plans[job[0]], job[1], optimizer, lr, step), jobs))
+    return {
+        name: _fused.finish(pl, [res for (n, _), res in zip(jobs, done) if n == name])
+        for name, pl in plans.items()
+    }
+
+
+def _update_tensor(run, optimizer, name, step, lr, g, p_ref_old, ref_new, skip, mode, seed, fused) -> _Stats:
+    """One configuration's update of one tensor (``fused``: its fused update, already done),
+    and its statistics against the reference."""
     cfg = run.cfg
     p_old = run.master[name]
     p_ref, s_ref = ref_new
@@ -608,12 +629,7 @@ def _update_tensor(run, optimizer, name, step, lr, g, p_ref_old, ref_new, skip, 
         for st, v in _loaded(run, name).items():
             _state_stats(s, st, None, v, s_ref[st])
     else:
-        formats = {st: cfg.state_format(st) for st in run.states[name]}
-        quantized = all(_is_quantized(cfg, f, p_old.size) for f in formats.values())
-        fused = quantized and _fused.adam_block_step(
-            optimizer, formats, run.states[name], p_old, g, lr, step, s_ref
-        )
-        if fused:
+        if fused is not None:
             p_f32, run.states[name], run.loaded[name] = fused.p, fused.states, None
             for st, (nonzero, zeroed, err, tot) in fused.stats.items():
                 s.state_nonzero += nonzero

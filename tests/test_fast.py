@@ -158,19 +158,19 @@ def test_replay_with_and_without_compiled_loops(tmp_path, numpy_only, monkeypatc
     ]
     configs.append(scaled)
     fused = []
-    step = _fused.adam_block_step
+    finish = _fused.finish
 
     def spy(*args):
-        out = step(*args)
-        fused.append(out is not None)
-        return out
+        fused.append(len(args[1]))  # pieces
+        return finish(*args)
 
-    monkeypatch.setattr(_fused, "adam_block_step", spy)
+    monkeypatch.setattr(_fused, "finish", spy)
+    monkeypatch.setattr(_fused, "PIECE", 1 << 14)  # "big" in 5 pieces
     fast = replay(trace, configs, progress=False)
     # bnb-8bit-all, int8-states and fp8-states every step, "big" of bnb-8bit
     # (min_quantized_size 4096) every step, both tensors of bnb-fp16 in its one step that
-    # is not skipped
-    assert fused.count(True) == 3 * 3 * 2 + 3 + 2, fused
+    # is not skipped; "big" in pieces, "w" in one
+    assert len(fused) == 3 * 3 * 2 + 3 + 2 and sorted(set(fused)) == [1, 5], fused
     assert [fast.skipped[s, "bnb-fp16"] for s in (1, 2, 3)] == [False, True, True]
     with numpy_only:
         slow = replay(trace, configs, progress=False)
@@ -347,3 +347,30 @@ def test_fused_e4m3_cast_equals_the_emulator():
     want = fpsim.encode(x, "float8_e4m3fn", saturate=True)
     bad = np.flatnonzero(got != want)
     assert bad.size == 0, [(hex(x[i : i + 1].view(np.uint32)[0]), got[i], want[i]) for i in bad[:5]]
+
+
+@pytest.mark.parametrize("recipes", FUSED_RECIPES, ids=lambda r: fpsim.get_format(r[0]).name)
+def test_fused_pieces_change_nothing_but_the_sum_order(recipes, monkeypatch):
+    """A tensor updated in pieces of whole tiles gives the bits of one piece: parameters,
+    codes, scales and counts equal, error sums to rounding."""
+    formats = dict(zip(("exp_avg", "exp_avg_sq"), (fpsim.get_format(r) for r in recipes)))
+    rng = np.random.default_rng(11)
+    n = 50_003
+    p, g = _finite(_special(rng, n, 1.0)), _finite(_special(rng, n, 1e-3))
+    ref = {st: np.abs(_finite(_special(rng, n, 1e-4))) for st in formats}
+
+    def run(piece):
+        monkeypatch.setattr(_fused, "PIECE", piece)
+        stored = {st: fpsim.encode(ref[st], f) for st, f in formats.items()}
+        pl = _fused.plan(AdamW(), formats, stored, p, g, ref)
+        parts = _fused.pieces(pl)
+        return len(parts), _fused.finish(pl, [_fused.run_piece(pl, s, AdamW(), 1e-3, 3) for s in parts])
+
+    (k1, one), (k2, many) = run(1 << 20), run(1)
+    assert (k1, k2 > 10) == (1, True)
+    _same(many.p, one.p, "param")
+    for st in formats:
+        np.testing.assert_array_equal(many.states[st].codes, one.states[st].codes)
+        np.testing.assert_array_equal(many.states[st].scales, one.states[st].scales)
+        assert many.stats[st][:2] == one.stats[st][:2]
+        assert many.stats[st][2:] == pytest.approx(one.stats[st][2:], rel=1e-12)
