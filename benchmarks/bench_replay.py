@@ -1,17 +1,17 @@
 """Replay throughput against torch.optim.AdamW(foreach=True) on the same CPU, same run.
 
-Run: ``python benchmarks/bench_replay.py [--params 4194304] [--steps 5] [--config NAME ...]
-[--repeats 3] [--json OUT]``.
+Run: ``python benchmarks/bench_replay.py [--params 4194304] [--steps 5] [--tensors 4]
+[--config NAME ...] [--repeats 3] [--json OUT]``.
 
-A synthetic trace (4 tensors, ``--params`` parameters in all, ``--steps`` steps, gradients and
-initial parameters) is written once; then, best of ``--repeats`` rounds (each round runs every
-measurement once, interleaved, so that a drift in the machine's speed hits all of them alike),
-the time per parameter x step of (a) torch.optim.AdamW(foreach=True).step() on the same
-tensors, (b) the FP32 replay (the reference alone, ``configs=[]``) and (c) the reference plus
-one 8-bit configuration (default ``bnb-8bit-all``: dynamic maps, blocks of 256; others with
-``--config``, e.g. ``int8-states``, ``fp8-states``), whose own cost is (c) - (b). Goals
-(issue 5): FP32 replay within 1.5x of torch, 8-bit within 4x. Trace reading, the set-up of
-the states and the divergence metrics are included in fpsim's time.
+A synthetic trace (``--tensors`` equal tensors, ``--params`` parameters in all, ``--steps``
+steps, gradients and initial parameters) is written once; then, best of ``--repeats`` rounds
+(each round runs every measurement once, interleaved, so that a drift in the machine's speed
+hits all of them alike), the time per parameter x step of (a) torch.optim.AdamW(foreach=True)
+.step() on the same tensors, (b) the FP32 replay (the reference alone, ``configs=[]``) and (c)
+the reference plus one 8-bit configuration (default ``bnb-8bit-all``: dynamic maps, blocks of
+256; others with ``--config``, e.g. ``int8-states``, ``fp8-states``), whose own cost is (c) -
+(b). Goals (issue 5): FP32 replay within 1.5x of torch, 8-bit within 4x. Trace reading, the
+set-up of the states and the divergence metrics are included in fpsim's time.
 """
 
 from __future__ import annotations
@@ -45,6 +45,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--params", type=int, default=1 << 22)
     ap.add_argument("--steps", type=int, default=5)
+    ap.add_argument("--tensors", type=int, default=4, help="equal tensors the parameters are split into")
     ap.add_argument("--threads", type=int, default=None, help="replay threads (default: all CPUs)")
     ap.add_argument(
         "--config",
@@ -58,7 +59,7 @@ def main() -> None:
     import torch
 
     rng = np.random.default_rng(0)
-    shapes = {f"layer{i}.weight": (args.params // 4,) for i in range(4)}
+    shapes = {f"layer{i}.weight": (args.params // args.tensors,) for i in range(args.tensors)}
     p0 = {k: rng.standard_normal(s).astype(np.float32) for k, s in shapes.items()}
     grads = [
         {k: (rng.standard_normal(s) * 1e-3).astype(np.float32) for k, s in shapes.items()}
@@ -94,6 +95,7 @@ def main() -> None:
     row = {
         "params": args.params,
         "steps": args.steps,
+        "tensors": args.tensors,
         "torch_Mps": work / t_torch / 1e6,
         "fp32_Mps": work / t_fp32 / 1e6,
         "fp32_vs_torch": t_fp32 / t_torch,
