@@ -127,19 +127,22 @@ def _kernels() -> dict[str, Any]:
         # fpsim.scaling._codebook (nearest) on whole blocks x (block `first` onwards): absmax,
         # v = x * f32(1/max(a, 1e-38)), index = base[key] + (v > thr[key]) with key = the top
         # 16 bits of v, and the decoded value table[index] * a (fpsim.scaling._decode_rows)
+        # (every inner loop runs over slices from 0: an index of unknown sign makes numba check
+        # it for wraparound, and such loops run several times slower)
         n = x.size
         one, tiny = np.float32(1), np.float32(1e-38)
         for b in range(-(-n // block)):
             lo, hi = b * block, min(n, (b + 1) * block)
-            a = absmax(x[lo:hi])
+            xs, cs, vs = x[lo:hi], codes[lo:hi], values[lo:hi]
+            a = absmax(xs)
             absmaxes[first + b] = a
             inv = one / max(a, tiny)
-            for i in range(lo, hi):
-                v = x[i] * inv
+            for i in range(xs.size):
+                v = xs[i] * inv
                 k = bits32(v) >> 16
                 q = base[k] + (1 if v > thr[k] else 0)
-                codes[i] = q
-                values[i] = table[q] * a
+                cs[i] = q
+                vs[i] = table[q] * a
 
     @jit
     def amax_nan(x):
@@ -180,18 +183,19 @@ def _kernels() -> dict[str, Any]:
         n = x.size
         for b in range(-(-n // block)):
             lo, hi = b * block, min(n, (b + 1) * block)
-            a = amax_nan(x[lo:hi])
+            xs, cs, vs = x[lo:hi], codes[lo:hi], values[lo:hi]
+            a = amax_nan(xs)
             s = (a if a >= eps or a != a else eps) / elem_max
             scales[first + b] = s
             d = s if s != 0 else np.float32(1)
             if kind == 1:
-                for i in range(lo, hi):
-                    codes[i] = int8_code(x[i] / d)
+                for i in range(xs.size):
+                    cs[i] = int8_code(xs[i] / d)
             else:
-                for i in range(lo, hi):
-                    codes[i] = e4m3_code(x[i] / d)
-            for i in range(lo, hi):
-                values[i] = table[codes[i]] * s
+                for i in range(xs.size):
+                    cs[i] = e4m3_code(xs[i] / d)
+            for i in range(xs.size):
+                vs[i] = table[cs[i]] * s
 
     @jit
     def encode_tile(kind, x, block, first, base, thr, table, eps, elem_max, codes, scales, values):
@@ -217,8 +221,9 @@ def _kernels() -> dict[str, Any]:
         n = codes.size
         for b in range(scales.size):
             s = scales[b]
-            for i in range(b * block, min(n, (b + 1) * block)):
-                out[i] = table[codes[i]] * s
+            cs, o = codes[b * block : min(n, (b + 1) * block)], out[b * block : min(n, (b + 1) * block)]
+            for i in range(cs.size):
+                o[i] = table[cs[i]] * s
 
     @jit
     def zero_counts(exact, stored):
