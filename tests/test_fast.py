@@ -328,8 +328,9 @@ def test_compiled_statistics_equal_numpy(n):
 
 def test_fused_e4m3_cast_equals_the_emulator():
     """The kernel's float32 -> float8_e4m3fn cast (nearest-even, saturating) against
-    fpsim.encode(..., saturate=True) on every 61st float32 bit pattern and the special points
-    (ties, the subnormal/normal boundary, 448 and its neighbours, inf, NaN)."""
+    fpsim.encode(..., saturate=True) and torch's saturating cast on every 61st float32 bit
+    pattern and the special points (ties, the subnormal/normal boundary, 448 and its
+    neighbours, inf, NaN)."""
     import numba
     from conftest import special_points
 
@@ -347,6 +348,11 @@ def test_fused_e4m3_cast_equals_the_emulator():
     want = fpsim.encode(x, "float8_e4m3fn", saturate=True)
     bad = np.flatnonzero(got != want)
     assert bad.size == 0, [(hex(x[i : i + 1].view(np.uint32)[0]), got[i], want[i]) for i in bad[:5]]
+    torch = pytest.importorskip("torch")  # torch's cast saturates too (NaN by class)
+    theirs = torch.from_numpy(x).to(torch.float8_e4m3fn).view(torch.uint8).numpy()
+    nan = ((got & 0x7F) == 0x7F) & ((theirs & 0x7F) == 0x7F)
+    bad = np.flatnonzero((got != theirs) & ~nan)
+    assert bad.size == 0, [(hex(x[i : i + 1].view(np.uint32)[0]), got[i], theirs[i]) for i in bad[:5]]
 
 
 @pytest.mark.parametrize("recipes", FUSED_RECIPES, ids=lambda r: fpsim.get_format(r[0]).name)
