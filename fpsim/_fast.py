@@ -102,6 +102,31 @@ def _kernels() -> dict[str, Any]:
             vo[i] = vi
 
     @jit
+    def bf16_round(x, stochastic, mix, start, out):
+        # fpsim.emulate.quantize(x, "bfloat16") nearest-even, or with stochastic rounding and
+        # random_bits=fpsim.metrics.random_bits_at(seed, start, n), mix = seed *
+        # 0x9E3779B97F4A7C15 (SplitMix64 of mix + index, low 32 bits): the 16 discarded bits
+        # round away iff rem + (r >> 16) >= 2^16 (fpsim._bitcore._round with 32 random bits).
+        # A carry runs into the exponent (overflow gives inf, as IEEE 754 7.4 for these
+        # modes). NaN inputs are left to the caller: returns how many there are (their
+        # outputs are not set)
+        nan = 0
+        for i in range(x.size):
+            b = bits32(x[i])
+            mag = b & np.uint32(0x7FFFFFFF)
+            nan += mag > np.uint32(0x7F800000)
+            if stochastic:
+                z = np.uint64(start + i) + mix
+                z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+                z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+                add = np.uint32((z ^ (z >> np.uint64(31))) & np.uint64(0xFFFFFFFF)) >> np.uint32(16)
+            else:
+                add = np.uint32(0x7FFF) + ((mag >> np.uint32(16)) & np.uint32(1))
+            q = ((mag + add) >> np.uint32(16)) << np.uint32(16)
+            out[i] = float32_of((b & np.uint32(0x80000000)) | q)
+        return nan
+
+    @jit
     def sgd(p, g, buf, po, bo, first, l2, wd, mu, neg_lr):
         # fpsim.optim._sgd_step
         for i in range(p.size):
@@ -391,6 +416,7 @@ def _kernels() -> dict[str, Any]:
         "tensor_stats": tensor_stats,
         "state_stats": state_stats,
         "adam_blocks": adam_blocks,
+        "bf16_round": bf16_round,
         "encode_blocks8": encode_blocks8,
         "e4m3_code": e4m3_code,
         "int8_code": int8_code,

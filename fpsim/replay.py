@@ -746,11 +746,31 @@ def _dot(a: np.ndarray, b: np.ndarray) -> float:
     return float(np.einsum("i,i->", a, b))
 
 
+def _bf16(x: np.ndarray, mode: RoundMode, seed: int) -> np.ndarray | None:
+    """``quantize(x, bfloat16, rounding=mode)`` (stochastic: ``random_bits=random_bits_at(seed,
+    0, n)``) by a compiled loop (NaNs by the emulator), or None where there is none."""
+    stochastic = mode is RoundMode.STOCHASTIC
+    flat = _fast.flat32(x) if _fast.available() else None
+    if flat is None or not (stochastic or mode is RoundMode.NEAREST_EVEN):
+        return None
+    out = np.empty(x.shape, _F32)
+    mix = np.uint64((seed * 0x9E3779B97F4A7C15) % (1 << 64))
+    if _fast.kernel("bf16_round")(flat[0], stochastic, mix, 0, out.reshape(-1)):
+        nan = np.isnan(x)
+        kw = {"random_bits": random_bits_at(seed, 0, x.size).reshape(x.shape)[nan]} if stochastic else {}
+        out[nan] = emulate.quantize(x[nan], "bfloat16", rounding=mode, **kw)
+    return out
+
+
 def _round_master(run: _Run, name: str, p_old, p_f32, mode: RoundMode, seed: int) -> np.ndarray:
     cfg = run.cfg
     fmt = cfg.master_format(name)
     if fmt.name == "float32" and not cfg.kahan:  # rounding float32 to float32 is exact in every mode
         return p_f32
+    if fmt.name == "bfloat16" and not cfg.kahan:
+        out = _bf16(p_f32, mode, seed)
+        if out is not None:
+            return out
     kw: dict[str, Any] = {"rounding": mode}
     if mode is RoundMode.STOCHASTIC:
         kw["random_bits"] = random_bits_at(seed, 0, p_f32.size).reshape(p_f32.shape)

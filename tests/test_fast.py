@@ -380,3 +380,29 @@ def test_fused_pieces_change_nothing_but_the_sum_order(recipes, monkeypatch):
         np.testing.assert_array_equal(many.states[st].scales, one.states[st].scales)
         assert many.stats[st][:2] == one.stats[st][:2]
         assert many.stats[st][2:] == pytest.approx(one.stats[st][2:], rel=1e-12)
+
+
+@pytest.mark.parametrize("mode", ["nearest_even", "stochastic"])
+@pytest.mark.parametrize("seed", [0, 7, 2**40 + 3])
+def test_compiled_bf16_master_rounding_equals_the_emulator(mode, seed):
+    """The replay's compiled bfloat16 rounding of the master copy (nearest-even, or
+    stochastic with SplitMix64 bits in the loop) against fpsim.quantize (with random_bits_at):
+    every element on special values (subnormals, ties, values that carry into the exponent
+    or overflow to inf, inf, NaN)."""
+    from fpsim.metrics import random_bits_at
+    from fpsim.replay import _bf16
+
+    rng = np.random.default_rng(seed % 1000)
+    x = _special(rng, 100_003, 1.0)
+    x[:50] = np.float32(3.4e38)  # rounds up to inf with some random words
+    x[50:60] = np.array([0x7F7FFFFF, 0xFF7FFFFF, 0x7FC00001, 0xFFFFFFFF, 0x00000001] * 2, np.uint32).view(
+        np.float32
+    )
+    x[60:70] = np.array([0x3F808000, 0x3F818000, 0x00008000, 0x80018000, 0x7F7F8000] * 2, np.uint32).view(
+        np.float32
+    )  # ties
+    got = _bf16(x, fpsim.RoundMode(mode), seed)
+    kw = {"random_bits": random_bits_at(seed, 0, x.size)} if mode == "stochastic" else {}
+    want = fpsim.quantize(x, "bfloat16", rounding=mode, **kw)
+    _same(got, want, f"bfloat16 {mode}")
+    assert np.isinf(got[:50]).any() and (mode == "nearest_even" or np.isfinite(got[:50]).any())
