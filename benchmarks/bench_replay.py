@@ -110,7 +110,8 @@ def main() -> None:
         own = t[cfg] - t_fp32
         row["configs"][cfg] = {"own_Mps": work / own / 1e6, "own_vs_torch": own / t_torch}
         print(
-            f"{cfg + ' (own cost):':27}{work / own / 1e6:8.1f} M param-steps/s = {own / t_torch:.2f}x torch's time"
+            f"{cfg + ' (own cost):':27}{work / own / 1e6:8.1f} M param-steps/s = "
+            f"{own / t_torch:.2f}x torch's time"
         )
     print("goals (issue 5): FP32 replay <= 1.5x torch's time; 8-bit configurations' own cost <= 4x")
     if args.json:
