@@ -127,6 +127,27 @@ def _kernels() -> dict[str, Any]:
         return nan
 
     @jit
+    def f16_round(x, out):
+        # fpsim.emulate.quantize(x, "float16"), nearest-even: from 2^-14 up the mantissa
+        # rounded to 10 bits (a carry runs into the exponent; above 65504 the result is inf,
+        # as IEEE 754 7.4), below it x * 2^24 rounded to an integer once by adding 2^23 (the
+        # subnormal steps of 2^-24). NaN inputs are left to the caller: returns how many
+        # there are (their outputs are not set)
+        nan = 0
+        for i in range(x.size):
+            b = bits32(x[i])
+            mag = b & np.uint32(0x7FFFFFFF)
+            nan += mag > np.uint32(0x7F800000)
+            q = (
+                (mag + np.uint32(0xFFF) + ((mag >> np.uint32(13)) & np.uint32(1))) >> np.uint32(13)
+            ) << np.uint32(13)
+            q = np.uint32(0x7F800000) if q > np.uint32(0x477FE000) else q
+            k = (float32_of(mag) * np.float32(16777216) + np.float32(8388608)) - np.float32(8388608)
+            q = bits32(k * np.float32(2.0**-24)) if mag < np.uint32(0x38800000) else q
+            out[i] = float32_of((b & np.uint32(0x80000000)) | q)
+        return nan
+
+    @jit
     def sgd(p, g, buf, po, bo, first, l2, wd, mu, neg_lr):
         # fpsim.optim._sgd_step
         for i in range(p.size):
@@ -417,6 +438,7 @@ def _kernels() -> dict[str, Any]:
         "state_stats": state_stats,
         "adam_blocks": adam_blocks,
         "bf16_round": bf16_round,
+        "f16_round": f16_round,
         "encode_blocks8": encode_blocks8,
         "e4m3_code": e4m3_code,
         "int8_code": int8_code,

@@ -520,6 +520,10 @@ def _store_and_load(cfg: ReplayConfig, st: str, x: np.ndarray) -> tuple[Any, np.
     fmt = cfg.state_format(st)
     if _is_quantized(cfg, fmt, x.size) and isinstance(fmt, BlockFormat):
         return encode_decode_blocks(x, fmt)
+    if _is_quantized(cfg, fmt, x.size) and isinstance(fmt, Format):
+        q = _quantize_fast(x, fmt, RoundMode.NEAREST_EVEN)
+        if q is not None:  # stored as its float32 values (exact in fmt)
+            return q, q
     stored = _store_state(cfg, st, x)
     return stored, _load_state(cfg, st, stored)
 
@@ -746,19 +750,29 @@ def _dot(a: np.ndarray, b: np.ndarray) -> float:
     return float(np.einsum("i,i->", a, b))
 
 
-def _bf16(x: np.ndarray, mode: RoundMode, seed: int) -> np.ndarray | None:
-    """``quantize(x, bfloat16, rounding=mode)`` (stochastic: ``random_bits=random_bits_at(seed,
-    0, n)``) by a compiled loop (NaNs by the emulator), or None where there is none."""
+def _quantize_fast(x: np.ndarray, fmt: Format, mode: RoundMode, seed: int = 0) -> np.ndarray | None:
+    """``emulate.quantize(x, fmt, rounding=mode)`` (stochastic: ``random_bits=random_bits_at(seed,
+    0, n)``) by a faster loop where there is one, NaNs by the emulator; None elsewhere.
+
+    Compiled loops (:mod:`fpsim._fast`; tests/test_fast.py compares them with the emulator)
+    for bfloat16 (nearest-even or stochastic) and float16 (nearest-even).
+    """
     stochastic = mode is RoundMode.STOCHASTIC
     flat = _fast.flat32(x) if _fast.available() else None
-    if flat is None or not (stochastic or mode is RoundMode.NEAREST_EVEN):
+    if flat is None:
         return None
     out = np.empty(x.shape, _F32)
-    mix = np.uint64((seed * 0x9E3779B97F4A7C15) % (1 << 64))
-    if _fast.kernel("bf16_round")(flat[0], stochastic, mix, 0, out.reshape(-1)):
-        nan = np.isnan(x)
-        kw = {"random_bits": random_bits_at(seed, 0, x.size).reshape(x.shape)[nan]} if stochastic else {}
-        out[nan] = emulate.quantize(x[nan], "bfloat16", rounding=mode, **kw)
+    if fmt.name == "float16" and mode is RoundMode.NEAREST_EVEN:
+        nan = _fast.kernel("f16_round")(flat[0], out.reshape(-1)) > 0
+    elif fmt.name == "bfloat16" and (stochastic or mode is RoundMode.NEAREST_EVEN):
+        mix = np.uint64((seed * 0x9E3779B97F4A7C15) % (1 << 64))
+        nan = _fast.kernel("bf16_round")(flat[0], stochastic, mix, 0, out.reshape(-1)) > 0
+    else:
+        return None
+    if nan:
+        where = np.isnan(x)
+        kw = {"random_bits": random_bits_at(seed, 0, x.size).reshape(x.shape)[where]} if stochastic else {}
+        out[where] = emulate.quantize(x[where], fmt, rounding=mode, **kw)
     return out
 
 
@@ -767,8 +781,8 @@ def _round_master(run: _Run, name: str, p_old, p_f32, mode: RoundMode, seed: int
     fmt = cfg.master_format(name)
     if fmt.name == "float32" and not cfg.kahan:  # rounding float32 to float32 is exact in every mode
         return p_f32
-    if fmt.name == "bfloat16" and not cfg.kahan:
-        out = _bf16(p_f32, mode, seed)
+    if not cfg.kahan:
+        out = _quantize_fast(p_f32, fmt, mode, seed)
         if out is not None:
             return out
     kw: dict[str, Any] = {"rounding": mode}

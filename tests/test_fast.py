@@ -382,27 +382,44 @@ def test_fused_pieces_change_nothing_but_the_sum_order(recipes, monkeypatch):
         assert many.stats[st][2:] == pytest.approx(one.stats[st][2:], rel=1e-12)
 
 
-@pytest.mark.parametrize("mode", ["nearest_even", "stochastic"])
+@pytest.mark.parametrize(
+    "fmt,mode", [("bfloat16", "nearest_even"), ("bfloat16", "stochastic"), ("float16", "nearest_even")]
+)
 @pytest.mark.parametrize("seed", [0, 7, 2**40 + 3])
-def test_compiled_bf16_master_rounding_equals_the_emulator(mode, seed):
-    """The replay's compiled bfloat16 rounding of the master copy (nearest-even, or
-    stochastic with SplitMix64 bits in the loop) against fpsim.quantize (with random_bits_at):
-    every element on special values (subnormals, ties, values that carry into the exponent
-    or overflow to inf, inf, NaN)."""
+def test_fast_master_and_state_rounding_equals_the_emulator(fmt, mode, seed):
+    """The replay's compiled roundings to bfloat16 (stochastic with SplitMix64 bits in the
+    loop) and float16 against fpsim.quantize (with random_bits_at): every
+    element on special values (subnormals, ties, values that carry into the exponent or
+    overflow to inf, inf, NaN; NaN by class)."""
     from fpsim.metrics import random_bits_at
-    from fpsim.replay import _bf16
+    from fpsim.replay import _quantize_fast
 
     rng = np.random.default_rng(seed % 1000)
     x = _special(rng, 100_003, 1.0)
-    x[:50] = np.float32(3.4e38)  # rounds up to inf with some random words
-    x[50:60] = np.array([0x7F7FFFFF, 0xFF7FFFFF, 0x7FC00001, 0xFFFFFFFF, 0x00000001] * 2, np.uint32).view(
+    x[:50] = np.float32(3.4e38) if fmt == "bfloat16" else np.float32(65519.0)  # up to inf, or not
+    x[50:60] = np.array([0x7F7FFFFF, 0xFF7FFFFF, 0x7FC00001, 0xFFFFFFFF, 0x7F800001] * 2, np.uint32).view(
         np.float32
     )
-    x[60:70] = np.array([0x3F808000, 0x3F818000, 0x00008000, 0x80018000, 0x7F7F8000] * 2, np.uint32).view(
-        np.float32
-    )  # ties
-    got = _bf16(x, fpsim.RoundMode(mode), seed)
+    ties = [0x3F808000, 0x3F818000, 0x00008000, 0x80018000, 0x7F7F8000]  # bfloat16 ties
+    if fmt == "float16":
+        ties = [0x3F801000, 0x3F803000, 0x33000000, 0xB3C00000, 0x477FF000]  # float16 ties
+    x[60:70] = np.array(ties * 2, np.uint32).view(np.float32)
+    x[70:80] = (rng.standard_normal(10) * 2.0**-20).astype(np.float32)  # float16 subnormals
+    x[80:85] = [65520.0, -65520.0, 65536.0, 1e6, -1e6]  # float16 overflow (65520: a tie, to inf)
+    got = _quantize_fast(x, fpsim.get_format(fmt), fpsim.RoundMode(mode), seed)
     kw = {"random_bits": random_bits_at(seed, 0, x.size)} if mode == "stochastic" else {}
-    want = fpsim.quantize(x, "bfloat16", rounding=mode, **kw)
-    _same(got, want, f"bfloat16 {mode}")
-    assert np.isinf(got[:50]).any() and (mode == "nearest_even" or np.isfinite(got[:50]).any())
+    want = fpsim.quantize(x, fmt, rounding=mode, **kw)
+    _same(got, want, f"{fmt} {mode}")
+    assert np.isinf(got[:50]).any() == (fmt == "bfloat16")
+    assert mode == "nearest_even" or np.isfinite(got[:50]).any()
+
+
+@pytest.mark.parametrize("fmt", ["bfloat16", "float16"])
+def test_fast_nearest_rounding_on_strided_float32_patterns(fmt):
+    """The compiled nearest-even roundings against fpsim.quantize on every 61st float32 bit
+    pattern (NaN by class)."""
+    from fpsim.replay import _quantize_fast
+
+    x = np.arange(0, 1 << 32, 61, dtype=np.uint64).astype(np.uint32).view(np.float32)
+    got = _quantize_fast(x, fpsim.get_format(fmt), fpsim.RoundMode.NEAREST_EVEN)
+    _same(got, fpsim.quantize(x, fmt), fmt)
