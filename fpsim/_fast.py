@@ -221,6 +221,26 @@ def _kernels() -> dict[str, Any]:
         return np.uint8(np.int32(np.float32(0) if v != v else r) & 0xFF)
 
     @jit
+    def te_tile(pow2, xs, eps, elem_max, cs, vs, table):
+        # fpsim.scaling._prescale (ScaleRule.TE, recipe_common.cuh compute_scale_from_amax) of
+        # one block: amax (fmaxf, NaN skipped), at least eps; scale = elem_max / amax, 1 for an
+        # amax of 0, inf or NaN, FLT_MAX for an infinite quotient, pow2: the mantissa cleared;
+        # elements x * scale cast nearest-even saturating; returns the decode scale 1 / scale
+        a = absmax(xs)
+        a = eps if a < eps else a
+        one = np.float32(1)
+        scale = one if (a == 0 or a != a or a == np.inf) else elem_max / a
+        scale = np.float32(3.4028234663852886e38) if scale == np.inf else scale
+        if pow2:
+            scale = float32_of(bits32(scale) & np.uint32(0xFF800000))
+        s = one / scale
+        for i in range(xs.size):
+            cs[i] = e4m3_code(xs[i] * scale)
+        for i in range(xs.size):
+            vs[i] = table[cs[i]] * s
+        return s
+
+    @jit
     def absmax_tile(kind, x, block, first, eps, elem_max, table, codes, scales, values):
         # fpsim.scaling._prescale (ScaleRule.ABSMAX) with an int8 symmetric (kind 1) or
         # float8_e4m3fn (kind 2) element on whole blocks: amax (NaN propagates), s =
@@ -230,6 +250,10 @@ def _kernels() -> dict[str, Any]:
         for b in range(-(-n // block)):
             lo, hi = b * block, min(n, (b + 1) * block)
             xs, cs, vs = x[lo:hi], codes[lo:hi], values[lo:hi]
+            if kind >= 3:  # Transformer Engine current scaling, float8_e4m3fn (4: pow2)
+                s = te_tile(kind == 4, xs, eps, elem_max, cs, vs, table)
+                scales[first + b] = s
+                continue
             a = amax_nan(xs)
             s = (a if a >= eps or a != a else eps) / elem_max
             scales[first + b] = s

@@ -15,7 +15,9 @@ It applies when numba is installed, the optimizer is :class:`fpsim.optim.Adam` o
 flattened tensor, by one of: a codebook rounded to the nearest entry (the bitsandbytes
 dynamic maps, ``bnb_dynamic8_block256`` ...), linear absmax INT8 (``int8_block256``,
 ``int8_block2048``) or float8_e4m3fn with an FP32 absmax scale (``fp8_e4m3_block256``,
-torchao's AdamWFp8). Everything else takes the generic path. The stored codes and scales are
+torchao's AdamWFp8). Everything else takes the generic path. :func:`encode_state` and
+:func:`decode_state` also cover float8_e4m3fn with Transformer Engine's per-tensor current
+scaling (``e4m3_tensor``, ``e4m3_tensor_pow2``: MS-AMP's FP8 first moment). The stored codes and scales are
 updated in place. A large tensor is updated piece by piece (:func:`pieces`, each piece one
 task of the replay's thread pool); the split depends on the tensor's size and block only, so
 the results do not depend on the number of threads.
@@ -69,21 +71,35 @@ class _State(NamedTuple):
 def _state(bf: Any, shape: tuple) -> _State | None:
     """The kernel's description of block recipe ``bf`` for a tensor of ``shape``, or None where
     the kernel does not cover it."""
-    if not isinstance(bf, BlockFormat) or len(_geometry(shape, bf)[0]) != 1 or not math.prod(shape):
+    n = math.prod(shape)
+    if not isinstance(bf, BlockFormat) or not n:
         return None
-    block = bf.block[0] if bf.block is not None else math.prod(shape)
+    per_tensor = bf.block is None and not bf.flatten
+    if not per_tensor and len(_geometry(shape, bf)[0]) != 1:
+        return None
+    block = bf.block[0] if bf.block is not None else n
     if isinstance(bf.element, Codebook):
-        if not _compiled_codebook(bf, RoundMode.NEAREST_EVEN, _geometry(shape, bf)[0]):
+        if per_tensor or not _compiled_codebook(bf, RoundMode.NEAREST_EVEN, _geometry(shape, bf)[0]):
             return None
         table = bf.element.table
         return _State(0, block, table, *_nearest_buckets(table), _F32(0), _F32(1))
-    if bf.rule is not ScaleRule.ABSMAX or bf.scale_format.name != "float32":
+    if bf.scale_format.name != "float32":
         return None
-    kind = 1 if bf.element == _INT8 else 2 if bf.element == _E4M3 else 0
+    if bf.rule is ScaleRule.ABSMAX:
+        kind = 1 if bf.element == _INT8 else 2 if bf.element == _E4M3 else 0
+    elif bf.rule is ScaleRule.TE and per_tensor:  # Transformer Engine current scaling
+        kind = (4 if bf.pow2 else 3) if bf.element == _E4M3 else 0
+    else:
+        kind = 0
     if not kind:
         return None
     table = emulate.decode(np.arange(256, dtype=np.uint8), bf.element).astype(_F32)
     return _State(kind, block, table, *_DUMMY, _F32(bf.eps), _F32(bf.elem_max))
+
+
+def _grid(bf: BlockFormat, shape: tuple, blocks: int) -> tuple:
+    """The shape of the scales :func:`fpsim.encode` gives (one per block)."""
+    return (1,) * max(len(shape), 1) if bf.block is None and not bf.flatten else (blocks,)
 
 
 def encode_state(bf: Any, x: np.ndarray) -> BlockCodes | None:
@@ -98,7 +114,9 @@ def encode_state(bf: Any, x: np.ndarray) -> BlockCodes | None:
     _fast.kernel("encode_blocks8")(
         st.kind, flat[0], st.block, st.base, st.thr, st.table, st.eps, st.elem_max, codes, scales, values
     )
-    return BlockCodes(codes.reshape(x.shape), scales.view(np.uint32), None)
+    return BlockCodes(
+        codes.reshape(x.shape), scales.view(np.uint32).reshape(_grid(bf, x.shape, scales.size)), None
+    )
 
 
 def decode_state(bf: Any, enc: Any) -> np.ndarray | None:
@@ -106,7 +124,9 @@ def decode_state(bf: Any, enc: Any) -> np.ndarray | None:
     if not isinstance(enc, BlockCodes) or not _fast.available():
         return None
     st = _state(bf, enc.codes.shape)
-    if st is None or enc.codes.dtype != np.uint8 or enc.scales.shape != (-(-enc.codes.size // st.block),):
+    if st is None or enc.codes.dtype != np.uint8:
+        return None
+    if enc.scales.shape != _grid(bf, enc.codes.shape, -(-enc.codes.size // st.block)):
         return None
     out = np.empty(enc.codes.shape, _F32)
     codes = np.ascontiguousarray(enc.codes).reshape(-1)

@@ -511,6 +511,9 @@ def _store_state(cfg: ReplayConfig, st: str, x: np.ndarray) -> Any:
     fmt = cfg.state_format(st)
     if not _is_quantized(cfg, fmt, x.size):
         return x
+    if isinstance(fmt, Format):  # as its float32 values (exact in fmt) where that is faster
+        q = _quantize_fast(x, fmt, RoundMode.NEAREST_EVEN)
+        return encode(x, fmt) if q is None else q
     enc = _fused.encode_state(fmt, x)  # the fused step's own encoder where it covers fmt
     return encode(x, fmt) if enc is None else enc
 
@@ -519,7 +522,8 @@ def _store_and_load(cfg: ReplayConfig, st: str, x: np.ndarray) -> tuple[Any, np.
     """The stored form of a state and its float32 values (block recipes: in one pass)."""
     fmt = cfg.state_format(st)
     if _is_quantized(cfg, fmt, x.size) and isinstance(fmt, BlockFormat):
-        return encode_decode_blocks(x, fmt)
+        enc = _fused.encode_state(fmt, x)  # the fused step's own encoder where it covers fmt
+        return encode_decode_blocks(x, fmt) if enc is None else (enc, _fused.decode_state(fmt, enc))
     if _is_quantized(cfg, fmt, x.size) and isinstance(fmt, Format):
         q = _quantize_fast(x, fmt, RoundMode.NEAREST_EVEN)
         if q is not None:  # stored as its float32 values (exact in fmt)
@@ -542,7 +546,8 @@ def _start(cfg: ReplayConfig, params, ref_states, optimizer, pool) -> _Run:
     def first(name: str) -> tuple:
         p, fmt = params[name], cfg.master_format(name)
         exact = fmt.name == "float32" and not np.isnan(p).any()  # (quantize makes NaNs quiet)
-        master = p.copy() if exact else emulate.quantize(p, fmt)
+        master = p.copy() if exact else _quantize_fast(p, fmt, RoundMode.NEAREST_EVEN)
+        master = emulate.quantize(p, fmt) if master is None else master
         return master, {st: _store_state(cfg, st, ref_states[name][st]) for st in optimizer.states}
 
     for name, (master, states) in zip(params, pool.map(first, list(params))):
