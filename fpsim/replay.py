@@ -767,9 +767,9 @@ def _quantize_fast(x: np.ndarray, fmt: Format, mode: RoundMode, seed: int = 0) -
     if flat is None:
         return None
     out = np.empty(x.shape, _F32)
-    if fmt.name == "float16" and mode is RoundMode.NEAREST_EVEN:
+    if fmt == get_format("float16") and mode is RoundMode.NEAREST_EVEN:
         nan = _fast.kernel("f16_round")(flat[0], out.reshape(-1)) > 0
-    elif fmt.name == "bfloat16" and (stochastic or mode is RoundMode.NEAREST_EVEN):
+    elif fmt == get_format("bfloat16") and (stochastic or mode is RoundMode.NEAREST_EVEN):
         mix = np.uint64((seed * 0x9E3779B97F4A7C15) % (1 << 64))
         nan = _fast.kernel("bf16_round")(flat[0], stochastic, mix, 0, out.reshape(-1)) > 0
     else:
