@@ -241,7 +241,7 @@ def test_result_does_not_depend_on_threads(tmp_path):
     with TraceWriter(trace) as w:
         for s, g in enumerate(grads, 1):
             w.write_step(s, {"grad": g, **({"param": p0} if s == 1 else {})}, lr=1e-3)
-    configs = ["bnb-8bit-all", "bf16-master-sr", "fp16-grads-dynamic"]
+    configs = ["bnb-8bit-all", "fp8-states", "msamp-o2", "bf16-master-sr", "fp16-grads-dynamic"]
     one = replay(trace, configs, progress=False, threads=1)
     three = replay(trace, configs, progress=False, threads=3)
     assert one.table().equals(three.table())
