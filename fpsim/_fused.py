@@ -15,12 +15,13 @@ It applies when numba is installed, the optimizer is :class:`fpsim.optim.Adam` o
 flattened tensor, by one of: a codebook rounded to the nearest entry (the bitsandbytes
 dynamic maps, ``bnb_dynamic8_block256`` ...), linear absmax INT8 (``int8_block256``,
 ``int8_block2048``) or float8_e4m3fn with an FP32 absmax scale (``fp8_e4m3_block256``,
-torchao's AdamWFp8). Everything else takes the generic path. :func:`encode_state` and
-:func:`decode_state` also cover float8_e4m3fn with Transformer Engine's per-tensor current
-scaling (``e4m3_tensor``, ``e4m3_tensor_pow2``: MS-AMP's FP8 first moment). The stored codes and scales are
-updated in place. A large tensor is updated piece by piece (:func:`pieces`, each piece one
-task of the replay's thread pool); the split depends on the tensor's size and block only, so
-the results do not depend on the number of threads.
+torchao's AdamWFp8), or float8_e4m3fn with Transformer Engine's per-tensor current scaling
+(``e4m3_tensor``, ``e4m3_tensor_pow2``: MS-AMP's FP8 first moment; one block, one piece).
+Everything else takes the generic path; :func:`encode_state` and :func:`decode_state` serve
+it for the recipes above. The stored codes and scales are updated in place. A large tensor
+is updated piece by piece (:func:`pieces`, each piece one task of the replay's thread pool);
+the split depends on the tensor's size and block only, so the results do not depend on the
+number of threads.
 """
 
 from __future__ import annotations
@@ -57,7 +58,8 @@ _DUMMY = (np.zeros(1, np.uint8), np.zeros(1, _F32))  # bucket tables of kinds wi
 
 
 class _State(NamedTuple):
-    """How the kernel stores one moment: kind 0 codebook, 1 int8 linear, 2 float8_e4m3fn."""
+    """How the kernel stores one moment: kind 0 codebook, 1 int8 linear, 2 float8_e4m3fn with an
+    absmax scale, 3 float8_e4m3fn with Transformer Engine's scale (4: a power of two)."""
 
     kind: int
     block: int
