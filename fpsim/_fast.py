@@ -286,8 +286,9 @@ def _kernels() -> dict[str, Any]:
             codebook_tile(x[lo:hi], block, lo // block, base, thr, table, codes[lo:hi], absmax, out)
 
     @jit
-    def codebook_decode(codes, table, scales, block, out):
-        # fpsim.scaling._decode_rows for codebooks: table[code] * scale
+    def table_decode(codes, table, scales, block, out):
+        # fpsim.scaling._decode_rows of 8-bit elements with an FP32 scale per block (codebooks,
+        # int8, float8_e4m3fn): table[code] * scale, the table holding each code's value
         n = codes.size
         for b in range(scales.size):
             s = scales[b]
@@ -443,8 +444,8 @@ def _kernels() -> dict[str, Any]:
             hi = min(n, lo + tile)
             k, first = hi - lo, lo // block
             last = first - (-k // block)
-            codebook_decode(mq[lo:hi], mt, ms[first:last], block, m0)
-            codebook_decode(vq[lo:hi], vt, vs[first:last], block, v0)
+            table_decode(mq[lo:hi], mt, ms[first:last], block, m0)
+            table_decode(vq[lo:hi], vt, vs[first:last], block, v0)
             adam(
                 p[lo:hi], g[lo:hi], m0, v0, po[lo:hi], m1, v1, mode, decay, omb1, omb2, b2, bc2, eps, neg_step
             )
@@ -457,7 +458,7 @@ def _kernels() -> dict[str, Any]:
         "adam": adam,
         "sgd": sgd,
         "codebook_encode": codebook_encode,
-        "codebook_decode": codebook_decode,
+        "table_decode": table_decode,
         "tensor_stats": tensor_stats,
         "state_stats": state_stats,
         "adam_blocks": adam_blocks,

@@ -133,7 +133,7 @@ def decode_state(bf: Any, enc: Any) -> np.ndarray | None:
     out = np.empty(enc.codes.shape, _F32)
     codes = np.ascontiguousarray(enc.codes).reshape(-1)
     scales = np.ascontiguousarray(enc.scales).view(_F32).reshape(-1)
-    _fast.kernel("codebook_decode")(codes, st.table, scales, st.block, out.reshape(-1))
+    _fast.kernel("table_decode")(codes, st.table, scales, st.block, out.reshape(-1))
     return out
 
 

@@ -146,7 +146,7 @@ def _decode_codebook_compiled(codes: np.ndarray, scales: Any, bf: BlockFormat) -
         raise ValueError(f"{bf.name}: scales have shape {np.shape(scales)}, the codes need {(nb,)}")
     s = np.ascontiguousarray(emulate.decode(np.asarray(scales), bf.scale_format), _F32).reshape(-1)
     out = np.empty(flat.size, _F32)
-    _fast.kernel("codebook_decode")(flat, bf.element.table, s, b, out)
+    _fast.kernel("table_decode")(flat, bf.element.table, s, b, out)
     return out.reshape(codes.shape)
 
 
