@@ -221,7 +221,7 @@ def _kernels() -> dict[str, Any]:
         return np.uint8(np.int32(np.float32(0) if v != v else r) & 0xFF)
 
     @jit
-    def te_tile(pow2, xs, eps, elem_max, cs, vs, table):
+    def te_block(pow2, xs, eps, elem_max, cs, vs, table):
         # fpsim.scaling._prescale (ScaleRule.TE, recipe_common.cuh compute_scale_from_amax) of
         # one block: amax (fmaxf, NaN skipped), at least eps; scale = elem_max / amax, 1 for an
         # amax of 0, inf or NaN, FLT_MAX for an infinite quotient, pow2: the mantissa cleared;
@@ -250,10 +250,6 @@ def _kernels() -> dict[str, Any]:
         for b in range(-(-n // block)):
             lo, hi = b * block, min(n, (b + 1) * block)
             xs, cs, vs = x[lo:hi], codes[lo:hi], values[lo:hi]
-            if kind >= 3:  # Transformer Engine current scaling, float8_e4m3fn (4: pow2)
-                s = te_tile(kind == 4, xs, eps, elem_max, cs, vs, table)
-                scales[first + b] = s
-                continue
             a = amax_nan(xs)
             s = (a if a >= eps or a != a else eps) / elem_max
             scales[first + b] = s
@@ -269,11 +265,14 @@ def _kernels() -> dict[str, Any]:
 
     @jit
     def encode_tile(kind, x, block, first, base, thr, table, eps, elem_max, codes, scales, values):
-        # one tile of a state: kind 0 codebook_tile, else absmax_tile
+        # one tile of a state: kind 0 codebook_tile, 1-2 absmax_tile, 3-4 te_block (one block:
+        # per-tensor scaling; 4 with a power-of-two scale)
         if kind == 0:
             codebook_tile(x, block, first, base, thr, table, codes, scales, values)
-        else:
+        elif kind <= 2:
             absmax_tile(kind, x, block, first, eps, elem_max, table, codes, scales, values)
+        else:
+            scales[first] = te_block(kind == 4, x, eps, elem_max, codes, values, table)
 
     @jit
     def codebook_encode(x, block, base, thr, table, codes, absmax, values, want_values):

@@ -26,6 +26,7 @@ number of threads.
 
 from __future__ import annotations
 
+import functools
 import math
 from typing import Any, NamedTuple
 
@@ -83,8 +84,7 @@ def _state(bf: Any, shape: tuple) -> _State | None:
     if isinstance(bf.element, Codebook):
         if per_tensor or not _compiled_codebook(bf, RoundMode.NEAREST_EVEN, _geometry(shape, bf)[0]):
             return None
-        table = bf.element.table
-        return _State(0, block, table, *_nearest_buckets(table), _F32(0), _F32(1))
+        return _State(0, block, _values(bf.element), *_nearest_buckets(bf.element.table), _F32(0), _F32(1))
     if bf.scale_format.name != "float32":
         return None
     if bf.rule is ScaleRule.ABSMAX:
@@ -95,8 +95,16 @@ def _state(bf: Any, shape: tuple) -> _State | None:
         kind = 0
     if not kind:
         return None
-    table = emulate.decode(np.arange(256, dtype=np.uint8), bf.element).astype(_F32)
-    return _State(kind, block, table, *_DUMMY, _F32(bf.eps), _F32(bf.elem_max))
+    return _State(kind, block, _values(bf.element), *_DUMMY, _F32(bf.eps), _F32(bf.elem_max))
+
+
+@functools.cache
+def _values(element: Any) -> np.ndarray:
+    """float32 value of each of the element's 256 codes (a writable copy: numba compiles
+    read-only arrays as another type)."""
+    if isinstance(element, Codebook):
+        return np.array(element.table, _F32)
+    return np.array(emulate.decode_table(element), _F32)
 
 
 def _grid(bf: BlockFormat, shape: tuple, blocks: int) -> tuple:
@@ -104,9 +112,10 @@ def _grid(bf: BlockFormat, shape: tuple, blocks: int) -> tuple:
     return (1,) * max(len(shape), 1) if bf.block is None and not bf.flatten else (blocks,)
 
 
-def encode_state(bf: Any, x: np.ndarray) -> BlockCodes | None:
+def encode_state(bf: Any, x: np.ndarray) -> tuple[BlockCodes, np.ndarray] | None:
     """``encode_blocks(x, bf)`` by the kernel's state encoder (same codes and scales, NaN by
-    class), or None where the kernel does not cover ``bf`` or ``x`` is not float32."""
+    class) and the decoded values (``decode_blocks`` of them, computed on the way), or None
+    where the kernel does not cover ``bf`` or ``x`` is not float32."""
     st = _state(bf, np.shape(x)) if _fast.available() else None
     flat = _fast.flat32(x) if st is not None else None
     if flat is None:
@@ -116,13 +125,15 @@ def encode_state(bf: Any, x: np.ndarray) -> BlockCodes | None:
     _fast.kernel("encode_blocks8")(
         st.kind, flat[0], st.block, st.base, st.thr, st.table, st.eps, st.elem_max, codes, scales, values
     )
-    return BlockCodes(
-        codes.reshape(x.shape), scales.view(np.uint32).reshape(_grid(bf, x.shape, scales.size)), None
+    grid = _grid(bf, x.shape, scales.size)
+    return BlockCodes(codes.reshape(x.shape), scales.view(np.uint32).reshape(grid), None), values.reshape(
+        x.shape
     )
 
 
 def decode_state(bf: Any, enc: Any) -> np.ndarray | None:
-    """``decode_blocks(enc, bf)`` (table[code] * scale) for what :func:`encode_state` covers."""
+    """``decode_blocks(enc, bf)`` (table[code] * scale) for the recipes :func:`encode_state`
+    covers, or None."""
     if not isinstance(enc, BlockCodes) or not _fast.available():
         return None
     st = _state(bf, enc.codes.shape)

@@ -507,29 +507,20 @@ def _is_quantized(cfg: ReplayConfig, fmt: Any, size: int) -> bool:
     return size >= cfg.min_quantized_size and not (isinstance(fmt, Format) and fmt.name == "float32")
 
 
-def _store_state(cfg: ReplayConfig, st: str, x: np.ndarray) -> Any:
+def _store_and_load(cfg: ReplayConfig, st: str, x: np.ndarray) -> tuple[Any, np.ndarray]:
+    """The stored form of a state and its float32 values, in one pass: block recipes as
+    codes (by the fused step's own encoder where it covers the recipe), element formats as
+    their float32 values (exact in the format)."""
     fmt = cfg.state_format(st)
     if not _is_quantized(cfg, fmt, x.size):
-        return x
-    if isinstance(fmt, Format):  # as its float32 values (exact in fmt) where that is faster
-        q = _quantize_fast(x, fmt, RoundMode.NEAREST_EVEN)
-        return encode(x, fmt) if q is None else q
-    enc = _fused.encode_state(fmt, x)  # the fused step's own encoder where it covers fmt
-    return encode(x, fmt) if enc is None else enc
-
-
-def _store_and_load(cfg: ReplayConfig, st: str, x: np.ndarray) -> tuple[Any, np.ndarray]:
-    """The stored form of a state and its float32 values (block recipes: in one pass)."""
-    fmt = cfg.state_format(st)
-    if _is_quantized(cfg, fmt, x.size) and isinstance(fmt, BlockFormat):
-        enc = _fused.encode_state(fmt, x)  # the fused step's own encoder where it covers fmt
-        return encode_decode_blocks(x, fmt) if enc is None else (enc, _fused.decode_state(fmt, enc))
-    if _is_quantized(cfg, fmt, x.size) and isinstance(fmt, Format):
-        q = _quantize_fast(x, fmt, RoundMode.NEAREST_EVEN)
-        if q is not None:  # stored as its float32 values (exact in fmt)
-            return q, q
-    stored = _store_state(cfg, st, x)
-    return stored, _load_state(cfg, st, stored)
+        return x, x
+    if isinstance(fmt, BlockFormat):
+        return _fused.encode_state(fmt, x) or encode_decode_blocks(x, fmt)
+    if isinstance(fmt, Format):
+        q = _quantize(x, fmt, RoundMode.NEAREST_EVEN)
+        return q, q
+    stored = encode(x, fmt)
+    return stored, decode(stored, fmt)
 
 
 def _load_state(cfg: ReplayConfig, st: str, stored: Any) -> np.ndarray:
@@ -546,13 +537,13 @@ def _start(cfg: ReplayConfig, params, ref_states, optimizer, pool) -> _Run:
     def first(name: str) -> tuple:
         p, fmt = params[name], cfg.master_format(name)
         exact = fmt.name == "float32" and not np.isnan(p).any()  # (quantize makes NaNs quiet)
-        master = p.copy() if exact else _quantize_fast(p, fmt, RoundMode.NEAREST_EVEN)
-        master = emulate.quantize(p, fmt) if master is None else master
-        return master, {st: _store_state(cfg, st, ref_states[name][st]) for st in optimizer.states}
+        master = p.copy() if exact else _quantize(p, fmt, RoundMode.NEAREST_EVEN)
+        return master, {st: _store_and_load(cfg, st, ref_states[name][st]) for st in optimizer.states}
 
     for name, (master, states) in zip(params, pool.map(first, list(params))):
-        run.master[name], run.states[name] = master, states
-        run.loaded[name] = None  # decoded when first needed (_loaded)
+        run.master[name] = master
+        run.states[name] = {st: enc for st, (enc, _) in states.items()}
+        run.loaded[name] = {st: val for st, (_, val) in states.items()}
         if cfg.kahan:
             run.comp[name] = np.zeros_like(master)
         if cfg.grad_delayed is not None:
@@ -755,30 +746,36 @@ def _dot(a: np.ndarray, b: np.ndarray) -> float:
     return float(np.einsum("i,i->", a, b))
 
 
-def _quantize_fast(x: np.ndarray, fmt: Format, mode: RoundMode, seed: int = 0) -> np.ndarray | None:
+def _quantize(x: np.ndarray, fmt: Format, mode: RoundMode, seed: int = 0) -> np.ndarray:
     """``emulate.quantize(x, fmt, rounding=mode)`` (stochastic: ``random_bits=random_bits_at(seed,
-    0, n)``) by a faster loop where there is one, NaNs by the emulator; None elsewhere.
-
-    Compiled loops (:mod:`fpsim._fast`; tests/test_fast.py compares them with the emulator)
-    for bfloat16 (nearest-even or stochastic) and float16 (nearest-even).
-    """
+    0, n)``). bfloat16 (nearest-even or stochastic) and float16 (nearest-even) take compiled
+    loops of :mod:`fpsim._fast` (tests/test_fast.py compares them with the emulator), their
+    NaN inputs the emulator."""
     stochastic = mode is RoundMode.STOCHASTIC
     flat = _fast.flat32(x) if _fast.available() else None
-    if flat is None:
-        return None
     out = np.empty(x.shape, _F32)
-    if fmt == get_format("float16") and mode is RoundMode.NEAREST_EVEN:
+    if flat is not None and fmt == get_format("float16") and mode is RoundMode.NEAREST_EVEN:
         nan = _fast.kernel("f16_round")(flat[0], out.reshape(-1)) > 0
-    elif fmt == get_format("bfloat16") and (stochastic or mode is RoundMode.NEAREST_EVEN):
+    elif flat is not None and fmt == get_format("bfloat16") and mode in _BF16_MODES:
         mix = np.uint64((seed * 0x9E3779B97F4A7C15) % (1 << 64))
         nan = _fast.kernel("bf16_round")(flat[0], stochastic, mix, 0, out.reshape(-1)) > 0
     else:
-        return None
-    if nan:
+        return emulate.quantize(x, fmt, rounding=mode, **_random_bits(x, mode, seed))
+    if nan:  # (the stochastic words are drawn for all of x: the NaNs keep their own)
         where = np.isnan(x)
-        kw = {"random_bits": random_bits_at(seed, 0, x.size).reshape(x.shape)[where]} if stochastic else {}
+        kw = {k: v[where] for k, v in _random_bits(x, mode, seed).items()}
         out[where] = emulate.quantize(x[where], fmt, rounding=mode, **kw)
     return out
+
+
+_BF16_MODES = (RoundMode.NEAREST_EVEN, RoundMode.STOCHASTIC)
+
+
+def _random_bits(x: np.ndarray, mode: RoundMode, seed: int) -> dict[str, np.ndarray]:
+    """The ``random_bits`` argument of a rounding of ``x`` in ``mode`` (none unless stochastic)."""
+    if mode is not RoundMode.STOCHASTIC:
+        return {}
+    return {"random_bits": random_bits_at(seed, 0, x.size).reshape(x.shape)}
 
 
 def _round_master(run: _Run, name: str, p_old, p_f32, mode: RoundMode, seed: int) -> np.ndarray:
@@ -787,14 +784,8 @@ def _round_master(run: _Run, name: str, p_old, p_f32, mode: RoundMode, seed: int
     if fmt.name == "float32" and not cfg.kahan:  # rounding float32 to float32 is exact in every mode
         return p_f32
     if not cfg.kahan:
-        out = _quantize_fast(p_f32, fmt, mode, seed)
-        if out is not None:
-            return out
-    kw: dict[str, Any] = {"rounding": mode}
-    if mode is RoundMode.STOCHASTIC:
-        kw["random_bits"] = random_bits_at(seed, 0, p_f32.size).reshape(p_f32.shape)
-    if not cfg.kahan:
-        return emulate.quantize(p_f32, fmt, **kw)
+        return _quantize(p_f32, fmt, mode, seed)
+    kw: dict[str, Any] = {"rounding": mode, **_random_bits(p_f32, mode, seed)}
     # Kahan: y = update + carried error; new = fl(p + y); error = y - (new - p), stored in fmt
     y = (p_f32.astype(np.float64) - p_old) + run.comp[name]
     new = emulate.quantize(p_old.astype(np.float64) + y, fmt, **kw)

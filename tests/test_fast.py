@@ -228,7 +228,7 @@ def _finite(x: np.ndarray) -> np.ndarray:
 @pytest.mark.parametrize("recipes", FUSED_RECIPES, ids=lambda r: fpsim.get_format(r[0]).name)
 @pytest.mark.parametrize("n", [3, 257, 4097, 70_001])
 @pytest.mark.parametrize("finite", [False, True], ids=["inf-nan", "finite"])
-def test_fused_codebook_step_equals_generic_path(optimizer, recipes, n, finite, numpy_only):
+def test_fused_step_equals_generic_path(optimizer, recipes, n, finite, numpy_only):
     """The fused Adam step with codebook moments against Adam.step + encode_decode_blocks
     (compiled and numpy): parameters, codes and scale bits equal over three steps of special
     values (zero blocks, subnormals; with huge values, inf and NaN, or without), zero counts
@@ -272,13 +272,14 @@ def test_fused_codebook_step_equals_generic_path(optimizer, recipes, n, finite, 
             p, stored = got.p, got.states
     for st, e in stored.items():  # the replay's state encoder and decoder
         x = fpsim.decode(e, formats[st])
-        enc, want = _fused.encode_state(formats[st], x), fpsim.encode(x, formats[st])
+        (enc, values), want = _fused.encode_state(formats[st], x), fpsim.encode(x, formats[st])
         _same_codes(enc.codes, want.codes, formats[st], f"{st} encode_state")
         _same(enc.scales.view(np.float32), want.scales.view(np.float32), f"{st} encode_state scales")
+        _same(values, fpsim.decode(want, formats[st]), f"{st} encode_state values")
         _same(_fused.decode_state(formats[st], e), x, f"{st} decode_state")
 
 
-def test_fused_codebook_step_declines_what_it_does_not_cover():
+def test_fused_step_declines_what_it_does_not_cover():
     """Other block sizes per moment, other scale rules (MX, Transformer Engine), SGD,
     lookup-table codebooks: None (the replay then takes the generic path)."""
     n = 1000
@@ -397,7 +398,7 @@ def test_fast_master_and_state_rounding_equals_the_emulator(fmt, mode, seed):
     element on special values (subnormals, ties, values that carry into the exponent or
     overflow to inf, inf, NaN; NaN by class)."""
     from fpsim.metrics import random_bits_at
-    from fpsim.replay import _quantize_fast
+    from fpsim.replay import _quantize
 
     rng = np.random.default_rng(seed % 1000)
     x = _special(rng, 100_003, 1.0)
@@ -411,7 +412,7 @@ def test_fast_master_and_state_rounding_equals_the_emulator(fmt, mode, seed):
     x[60:70] = np.array(ties * 2, np.uint32).view(np.float32)
     x[70:80] = (rng.standard_normal(10) * 2.0**-20).astype(np.float32)  # float16 subnormals
     x[80:85] = [65520.0, -65520.0, 65536.0, 1e6, -1e6]  # float16 overflow (65520: a tie, to inf)
-    got = _quantize_fast(x, fpsim.get_format(fmt), fpsim.RoundMode(mode), seed)
+    got = _quantize(x, fpsim.get_format(fmt), fpsim.RoundMode(mode), seed)
     kw = {"random_bits": random_bits_at(seed, 0, x.size)} if mode == "stochastic" else {}
     want = fpsim.quantize(x, fmt, rounding=mode, **kw)
     _same(got, want, f"{fmt} {mode}")
@@ -423,8 +424,8 @@ def test_fast_master_and_state_rounding_equals_the_emulator(fmt, mode, seed):
 def test_fast_nearest_rounding_on_strided_float32_patterns(fmt):
     """The compiled nearest-even roundings against fpsim.quantize on every 61st float32 bit
     pattern (NaN by class)."""
-    from fpsim.replay import _quantize_fast
+    from fpsim.replay import _quantize
 
     x = np.arange(0, 1 << 32, 61, dtype=np.uint64).astype(np.uint32).view(np.float32)
-    got = _quantize_fast(x, fpsim.get_format(fmt), fpsim.RoundMode.NEAREST_EVEN)
+    got = _quantize(x, fpsim.get_format(fmt), fpsim.RoundMode.NEAREST_EVEN)
     _same(got, fpsim.quantize(x, fmt), fmt)
