@@ -4,7 +4,7 @@ The replay's update of one tensor with 8-bit block states (module doc of :mod:`f
 semantics 2 and 3) is, on the generic path, five passes over memory: decode both moments,
 :meth:`fpsim.optim.Adam.step`, encode and decode each new moment
 (:func:`fpsim.scaling.encode_decode_blocks`), and the state statistics. :func:`adam_block_step`
-does all of it in one compiled loop (:mod:`fpsim._fast`, numba) that works through the
+does all of it in one compiled loop (:mod:`fpsim._compiled.loops`, numba) that works through the
 tensor in cache-sized tiles of whole blocks and gives the generic path's bits: the same
 parameters, codes and scales (NaN scales by class), the same zero counts, and the same
 float64 error sums up to their summation order (tests/test_fast.py compares the two paths,
@@ -32,7 +32,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from . import _fast, emulate, optim
+from . import _compiled, emulate, optim
 from .blockformat import RECIPES, BlockFormat, Codebook, ScaleRule
 from .formats import get_format
 from .rounding import RoundMode
@@ -116,13 +116,13 @@ def encode_state(bf: Any, x: np.ndarray) -> tuple[BlockCodes, np.ndarray] | None
     """``encode_blocks(x, bf)`` by the kernel's state encoder (same codes and scales, NaN by
     class) and the decoded values (``decode_blocks`` of them, computed on the way), or None
     where the kernel does not cover ``bf`` or ``x`` is not float32."""
-    st = _state(bf, np.shape(x)) if _fast.available() else None
-    flat = _fast.flat32(x) if st is not None else None
+    st = _state(bf, np.shape(x)) if _compiled.available() else None
+    flat = _compiled.flat32(x) if st is not None else None
     if flat is None:
         return None
     n = flat[0].size
     codes, scales, values = np.empty(n, np.uint8), np.empty(-(-n // st.block), _F32), np.empty(n, _F32)
-    _fast.kernel("encode_blocks8")(
+    _compiled.load().encode_blocks8(
         st.kind, flat[0], st.block, st.base, st.thr, st.table, st.eps, st.elem_max, codes, scales, values
     )
     grid = _grid(bf, x.shape, scales.size)
@@ -134,7 +134,7 @@ def encode_state(bf: Any, x: np.ndarray) -> tuple[BlockCodes, np.ndarray] | None
 def decode_state(bf: Any, enc: Any) -> np.ndarray | None:
     """``decode_blocks(enc, bf)`` (table[code] * scale) for the recipes :func:`encode_state`
     covers, or None."""
-    if not isinstance(enc, BlockCodes) or not _fast.available():
+    if not isinstance(enc, BlockCodes) or not _compiled.available():
         return None
     st = _state(bf, enc.codes.shape)
     if st is None or enc.codes.dtype != np.uint8:
@@ -144,7 +144,7 @@ def decode_state(bf: Any, enc: Any) -> np.ndarray | None:
     out = np.empty(enc.codes.shape, _F32)
     codes = np.ascontiguousarray(enc.codes).reshape(-1)
     scales = np.ascontiguousarray(enc.scales).view(_F32).reshape(-1)
-    _fast.kernel("table_decode")(codes, st.table, scales, st.block, out.reshape(-1))
+    _compiled.load().table_decode(codes, st.table, scales, st.block, out.reshape(-1))
     return out
 
 
@@ -185,14 +185,14 @@ def plan(
         p, g: the master values and the (unscaled) gradient, float32 of one shape.
         ref_states: the FP32 reference's new moments, for the statistics.
     """
-    if not (_fast.available() and optim._sqrt is np.sqrt and isinstance(optimizer, optim.Adam)):
+    if not (_compiled.available() and optim._sqrt is np.sqrt and isinstance(optimizer, optim.Adam)):
         return None
     if type(optimizer).step is not optim.Adam.step or set(formats) != set(_MOMENTS):
         return None
     m, v = (_state(formats[st], p.shape) for st in _MOMENTS)
     if m is None or v is None or m.block != v.block:
         return None
-    arrays = _fast.flat32(p, g, ref_states["exp_avg"], ref_states["exp_avg_sq"])
+    arrays = _compiled.flat32(p, g, ref_states["exp_avg"], ref_states["exp_avg_sq"])
     enc = [stored[st] for st in _MOMENTS]
     if arrays is None or g.shape != p.shape or not all(isinstance(e, BlockCodes) for e in enc):
         return None
@@ -210,7 +210,7 @@ def plan(
 def pieces(pl: Plan) -> list[slice]:
     """The pieces of the tensor: whole tiles of whole blocks, about :data:`PIECE` elements."""
     block = pl.m.block
-    tile = block * max(1, _fast._TILE // block)
+    tile = block * max(1, _compiled.load().TILE // block)
     step = tile * max(1, PIECE // tile)
     n = pl.out.size
     return [slice(a, min(n, a + step)) for a in range(0, n, step)]
@@ -228,7 +228,7 @@ def run_piece(pl: Plan, part: slice, optimizer: Any, lr: float, t: int) -> tuple
         for st in _MOMENTS
     )
     counts, sums = np.zeros(4, np.int64), np.zeros(4)
-    _fast.kernel("adam_blocks")(
+    _compiled.load().adam_blocks(
         p, g, mq, ms, vq, vs, m.block,
         m.kind, m.table, m.base, m.thr, m.eps, m.elem_max,
         v.kind, v.table, v.base, v.thr, v.eps, v.elem_max,

@@ -28,7 +28,7 @@ from typing import ClassVar, NamedTuple
 
 import numpy as np
 
-from . import _fast
+from . import _compiled
 
 __all__ = ["Optimizer", "Adam", "AdamW", "SGD", "get_optimizer", "fma32"]
 
@@ -65,24 +65,24 @@ def _fma(a, b, c) -> tuple[np.ndarray]:
     return (o,)
 
 
-def _compiled(scalars: tuple, name: str, ins: tuple, outs: tuple | None) -> tuple | None:
-    """The step by :mod:`fpsim._fast`'s compiled loop (same bits), or None to use numpy: numba
+def _compiled_step(scalars: tuple, name: str, ins: tuple, outs: tuple | None) -> tuple | None:
+    """The step by :mod:`fpsim._compiled.loops`'s compiled loop (same bits), or None to use numpy: numba
     is missing, an array is not a float32 C-contiguous array of ``ins[0]``'s shape, or the
     tests swapped ``_sqrt``."""
-    if not _fast.available() or _sqrt is not np.sqrt:
+    if not _compiled.available() or _sqrt is not np.sqrt:
         return None
     shape = np.shape(ins[0])
     if any(np.shape(a) != shape for a in ins):
         return None
-    flat_in = _fast.flat32(*ins)
+    flat_in = _compiled.flat32(*ins)
     if outs is None:
         outs = tuple(np.empty(shape, _F32) for _ in ins[1:])  # p and the states
-    flat_out = _fast.flat32(*outs)
+    flat_out = _compiled.flat32(*outs)
     if flat_in is None or flat_out is None or any(np.shape(o) != shape for o in outs):
         return None
     if any(np.shares_memory(o, a) for o in outs for a in ins):
         return None
-    _fast.kernel(name)(*flat_in, *flat_out, *scalars)
+    getattr(_compiled.load(), name)(*flat_in, *flat_out, *scalars)
     return tuple(outs)
 
 
@@ -184,7 +184,9 @@ class Adam(Optimizer):
         outs = None if out is None else (out[0], out[1]["exp_avg"], out[1]["exp_avg_sq"])
         ins = (p, g, states["exp_avg"], states["exp_avg_sq"])
         sc = self.scalars(lr, t)
-        p, m, v = _compiled(sc, "adam", ins, outs) or _chunked(partial(_adam_step, sc=sc), *ins, out=outs)
+        p, m, v = _compiled_step(sc, "adam", ins, outs) or _chunked(
+            partial(_adam_step, sc=sc), *ins, out=outs
+        )
         return p, {"exp_avg": m, "exp_avg_sq": v}
 
     def scalars(self, lr: float, t: int) -> AdamScalars:
@@ -250,7 +252,7 @@ class SGD(Optimizer):
         outs = None if out is None else (out[0], out[1]["momentum_buffer"])
         ins = (p, g, g if first else buf)
         sc = (first, bool(self.weight_decay), _F32(self.weight_decay), _F32(self.momentum), _F32(-lr))
-        p, buf = _compiled(sc, "sgd", ins, outs) or _chunked(partial(_sgd_step, sc=sc), *ins, out=outs)
+        p, buf = _compiled_step(sc, "sgd", ins, outs) or _chunked(partial(_sgd_step, sc=sc), *ins, out=outs)
         return p, {"momentum_buffer": buf}
 
 

@@ -37,7 +37,7 @@ from typing import Any
 
 import numpy as np
 
-from . import _fast, _fused, emulate
+from . import _compiled, _fused, emulate
 from .blockformat import RECIPES, BlockFormat, Codebook
 from .codec import decode, encode
 from .delayed import DelayedScaling
@@ -660,10 +660,10 @@ def _loaded(run: _Run, name: str) -> dict[str, np.ndarray]:
 def _tensor_stats(s: _Stats, p_f32, p_old, p_new, p_ref, p_ref_old) -> None:
     """Update counts (changed by the optimizer; of those, swallowed by the master rounding) and
     the float64 sums of the parameter error and of the two updates, into ``s``."""
-    flat = _fast.flat32(p_f32, p_old, p_new, p_ref, p_ref_old) if _fast.available() else None
+    flat = _compiled.flat32(p_f32, p_old, p_new, p_ref, p_ref_old) if _compiled.available() else None
     if flat is not None:
         sums = np.zeros(5)
-        s.updates, s.swamped = _fast.kernel("tensor_stats")(*flat, sums)
+        s.updates, s.swamped = _compiled.load().tensor_stats(*flat, sums)
     else:
         s.updates, s.swamped = _update_counts(p_f32, p_old, p_new)
         sums = _param_sums(p_new, p_ref, p_old, p_ref_old)
@@ -672,10 +672,12 @@ def _tensor_stats(s: _Stats, p_f32, p_old, p_new, p_ref, p_ref_old) -> None:
 
 def _state_stats(s: _Stats, st: str, exact, stored, ref) -> None:
     """Zero counts (``exact`` given: the state was rounded) and the float64 error sums."""
-    flat = _fast.flat32(stored if exact is None else exact, stored, ref) if _fast.available() else None
+    flat = (
+        _compiled.flat32(stored if exact is None else exact, stored, ref) if _compiled.available() else None
+    )
     if flat is not None:
         sums = np.zeros(2)
-        nonzero, zeroed = _fast.kernel("state_stats")(*flat, sums)
+        nonzero, zeroed = _compiled.load().state_stats(*flat, sums)
         err, tot = float(sums[0]), float(sums[1])
     else:
         nonzero, zeroed = _zero_counts(exact, stored) if exact is not None else (0, 0)
@@ -749,16 +751,16 @@ def _dot(a: np.ndarray, b: np.ndarray) -> float:
 def _quantize(x: np.ndarray, fmt: Format, mode: RoundMode, seed: int = 0) -> np.ndarray:
     """``emulate.quantize(x, fmt, rounding=mode)`` (stochastic: ``random_bits=random_bits_at(seed,
     0, n)``). bfloat16 (nearest-even or stochastic) and float16 (nearest-even) take compiled
-    loops of :mod:`fpsim._fast` (tests/test_fast.py compares them with the emulator), their
+    loops of :mod:`fpsim._compiled.loops` (tests/test_fast.py compares them with the emulator), their
     NaN inputs the emulator."""
     stochastic = mode is RoundMode.STOCHASTIC
-    flat = _fast.flat32(x) if _fast.available() else None
+    flat = _compiled.flat32(x) if _compiled.available() else None
     out = np.empty(x.shape, _F32)
     if flat is not None and fmt == get_format("float16") and mode is RoundMode.NEAREST_EVEN:
-        nan = _fast.kernel("f16_round")(flat[0], out.reshape(-1)) > 0
+        nan = _compiled.load().f16_round(flat[0], out.reshape(-1)) > 0
     elif flat is not None and fmt == get_format("bfloat16") and mode in _BF16_MODES:
         mix = np.uint64((seed * 0x9E3779B97F4A7C15) % (1 << 64))
-        nan = _fast.kernel("bf16_round")(flat[0], stochastic, mix, 0, out.reshape(-1)) > 0
+        nan = _compiled.load().bf16_round(flat[0], stochastic, mix, 0, out.reshape(-1)) > 0
     else:
         return emulate.quantize(x, fmt, rounding=mode, **_random_bits(x, mode, seed))
     if nan:  # (the stochastic words are drawn for all of x: the NaNs keep their own)

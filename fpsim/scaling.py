@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from . import _fast, emulate
+from . import _compiled, emulate
 from .blockformat import BlockFormat, Codebook, ScaleRule
 from .formats import Format, get_format
 from .rounding import RoundMode
@@ -102,7 +102,7 @@ def encode_blocks(
 
 def _compiled_codebook(bf: BlockFormat, mode: RoundMode, work: tuple) -> bool:
     """Nearest-entry codebooks over one axis of blocks (the bitsandbytes optimizer states) have
-    a compiled loop in :mod:`fpsim._fast` with the same bits (tests/test_fast.py)."""
+    a compiled loop in :mod:`fpsim._compiled.loops` with the same bits (tests/test_fast.py)."""
     el = bf.element
     return (
         isinstance(el, Codebook)
@@ -110,7 +110,7 @@ def _compiled_codebook(bf: BlockFormat, mode: RoundMode, work: tuple) -> bool:
         and mode is _R.NEAREST_EVEN
         and len(work) == 1
         and work[0] > 0
-        and _fast.available()
+        and _compiled.available()
     )
 
 
@@ -122,7 +122,7 @@ def _encode_codebook_compiled(x: np.ndarray, bf: BlockFormat, values: bool = Fal
     amax = np.empty(-(-flat.size // b), _F32)
     vals = np.empty(flat.size if values else 0, _F32)
     base, thr = _nearest_buckets(bf.element.table)
-    _fast.kernel("codebook_encode")(flat, b, base, thr, bf.element.table, codes, amax, vals, values)
+    _compiled.load().codebook_encode(flat, b, base, thr, bf.element.table, codes, amax, vals, values)
     enc = BlockCodes(codes.reshape(x.shape), amax.view(np.uint32), None)
     return (enc, vals.reshape(x.shape)) if values else enc
 
@@ -146,7 +146,7 @@ def _decode_codebook_compiled(codes: np.ndarray, scales: Any, bf: BlockFormat) -
         raise ValueError(f"{bf.name}: scales have shape {np.shape(scales)}, the codes need {(nb,)}")
     s = np.ascontiguousarray(emulate.decode(np.asarray(scales), bf.scale_format), _F32).reshape(-1)
     out = np.empty(flat.size, _F32)
-    _fast.kernel("table_decode")(flat, bf.element.table, s, b, out)
+    _compiled.load().table_decode(flat, bf.element.table, s, b, out)
     return out.reshape(codes.shape)
 
 

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 import fpsim
-from fpsim import _fast, _fused
+from fpsim import _compiled, _fused
 from fpsim.blockformat import RECIPES, Codebook
 from fpsim.optim import SGD, Adam, AdamW
 from fpsim.replay import _state_sums, _zero_counts
@@ -23,7 +23,7 @@ def numpy_only(monkeypatch):
 
     class Off:
         def __enter__(self):
-            monkeypatch.setattr(_fast, "available", lambda: False)
+            monkeypatch.setattr(_compiled, "available", lambda: False)
 
         def __exit__(self, *exc):
             monkeypatch.undo()
@@ -320,11 +320,11 @@ def test_compiled_statistics_equal_numpy(n):
     for a in (old, ref, ref_old, new, f):
         a[~finite] = 0
     sums = np.zeros(5)
-    counts = _fast.kernel("tensor_stats")(f, old, new, ref, ref_old, sums)
+    counts = _compiled.load().tensor_stats(f, old, new, ref, ref_old, sums)
     assert counts == _update_counts(f, old, new)
     np.testing.assert_allclose(sums, _param_sums(new, ref, old, ref_old), rtol=1e-12, atol=1e-300)
     sums = np.zeros(2)
-    assert _fast.kernel("state_stats")(f, new, ref, sums) == _zero_counts(f, new)
+    assert _compiled.load().state_stats(f, new, ref, sums) == _zero_counts(f, new)
     np.testing.assert_allclose(sums, _state_sums(new, ref), rtol=1e-12, atol=1e-300)
 
 
@@ -336,7 +336,7 @@ def test_fused_e4m3_cast_equals_the_emulator():
     import numba
     from conftest import special_points
 
-    cast = _fast.kernel("e4m3_code")
+    cast = _compiled.load().e4m3_code
 
     @numba.njit
     def many(x, out):

@@ -79,15 +79,37 @@ def test_generator_is_deterministic(tmp_path, capsys):
 
 
 def test_bundled_sample_regenerates(tmp_path, trace):
+    """Regenerating the sample gives the bundled trace's structure: steps, tensors, shapes,
+    dtypes, learning rates and metadata. The trained values are not compared: torch on a CPU
+    is not reproducible across SIMD widths (matmul reductions differ between AVX2 and
+    AVX-512), neither bit for bit nor within a fixed tolerance. That generation is
+    deterministic on one machine is checked by test_generator_is_deterministic."""
     torch = pytest.importorskip("torch")
     if torch.__version__ != trace.metadata["torch_version"]:
         pytest.skip("the sample was generated with another torch version")
-    from fpsim.trace.sample import main
+    from fpsim.trace.sample import lr_at, main
 
     assert main([str(tmp_path / "s")]) == 0
     fresh = open_trace(tmp_path / "s")
-    assert fresh.steps == trace.steps and fresh.metadata == trace.metadata
-    # Bit-identical on the machine that made it; other CPUs may differ in the last bits.
-    for a, b in zip(fresh.entries(), trace.entries()):
-        assert (a.key, a.step, a.shape) == (b.key, b.step, b.shape)
-        np.testing.assert_allclose(fresh.read(a), trace.read(b), rtol=1e-3, atol=1e-6)
+    assert fresh.steps == trace.steps
+    trained = {"final_train_loss", "final_train_accuracy"}  # values of the trained model
+    assert fresh.metadata.keys() == trace.metadata.keys()
+    assert {k: v for k, v in fresh.metadata.items() if k not in trained} == {
+        k: v for k, v in trace.metadata.items() if k not in trained
+    }
+    for a, b in zip(fresh.entries(), trace.entries(), strict=True):
+        assert (a.key, a.step, a.shape, a.dtype) == (b.key, b.step, b.shape, b.dtype)
+    for step in trace.steps:
+        assert fresh.lr(step) == trace.lr(step) == lr_at(step, trace.metadata["train_steps"])
+
+
+def test_sample_data_labels_follow_the_rule():
+    """The data set (numpy only): the label is the most frequent group, ties to the lower."""
+    from fpsim.trace.sample import GROUPS, VOCAB, make_data
+
+    tokens, labels = make_data(0)
+    assert tokens.shape == (4096, 12) and tokens.min() >= 0 and tokens.max() < VOCAB
+    for t, label in zip(tokens[:500], labels[:500]):
+        counts = [int(np.sum(t // (VOCAB // GROUPS) == g)) for g in range(GROUPS)]
+        assert label == counts.index(max(counts))
+    assert np.array_equal(make_data(0)[0], tokens) and not np.array_equal(make_data(1)[0], tokens)
