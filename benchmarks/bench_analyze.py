@@ -3,12 +3,12 @@
 Run: ``python benchmarks/bench_analyze.py [--elements 16777216] [--trace-gb 2] [--limit-mb 512]
 [--json OUT]``.
 
-1. Throughput: all metrics of :func:`fpsim.metrics.measure` for one format, and for four
+1. Throughput: all metrics of :func:`fpsim.analysis.metrics.measure` for one format, and for four
    formats (the tensor read once, measured four times), on the same float32 gradients as one
    ``ml_dtypes`` float8_e4m3fn cast, best of 3, in the same run. Goal (issue 4): one format
    within 3x the time of one ml_dtypes cast.
 2. Memory: writes a trace of ``--trace-gb`` GB (several steps of a few large tensors) with
-   :class:`fpsim.trace.TraceWriter`, then runs ``fpsim.analyze.analyze`` on it in a child
+   :class:`fpsim.trace.TraceWriter`, then runs ``fpsim.analysis.run.analyze`` on it in a child
    process whose private memory is capped with ``RLIMIT_DATA = --limit-mb`` (numpy and
    Python allocations count, read-only file mappings do not), sampling its resident memory
    (anonymous and file-backed) from /proc. The trace is deleted afterwards.
@@ -29,7 +29,7 @@ from pathlib import Path
 import ml_dtypes
 import numpy as np
 
-from fpsim.metrics import measure
+from fpsim.analysis.metrics import measure
 
 FOUR = ["float8_e4m3fn", "float8_e5m2", "bfloat16", "float16"]
 
@@ -79,7 +79,7 @@ CHILD = """
 import resource, sys, json
 limit = int(sys.argv[2]) * 2**20
 resource.setrlimit(resource.RLIMIT_DATA, (limit, limit))
-from fpsim.analyze import analyze
+from fpsim.analysis import analyze
 res = analyze(sys.argv[1], ["float8_e4m3fn", "bfloat16"], swamping=False, progress=False)
 t = res.totals()["float8_e4m3fn", "nearest_even"]
 print(json.dumps({"elements": t.elements, "underflow": t.underflow}))

@@ -8,8 +8,8 @@ Writes a trace of ``--trace-gb`` GB (steps of four 128 MiB float32 gradients) wi
 private memory is capped with ``RLIMIT_DATA = --limit-mb`` (numpy and Python allocations
 count, read-only file mappings and the page cache do not; worker processes inherit the cap):
 
-1. ``fpsim.analyze.analyze`` in one process (memory-mapped reads);
-2. :func:`fpsim.distributed.analyze_distributed` on a LocalCluster of 1 worker process;
+1. ``fpsim.analysis.run.analyze`` in one process (memory-mapped reads);
+2. :func:`fpsim.distributed.executor.analyze_distributed` on a LocalCluster of 1 worker process;
 3. the same with 2 worker processes (Dask ``memory_limit`` = ``--limit-mb`` per worker too).
 
 The client process (which also hosts the scheduler and the nannies of the LocalCluster)
@@ -47,7 +47,7 @@ formats = sys.argv[4].split(",")
 workers = int(sys.argv[3])
 swamping = sys.argv[5] == "1"
 if workers == 0:
-    from fpsim.analyze import analyze
+    from fpsim.analysis import analyze
     print(json.dumps({"pids": []}), flush=True)
     t = time.perf_counter()
     res = analyze(sys.argv[1], formats, swamping=swamping, progress=False)
@@ -55,7 +55,7 @@ else:
     from fpsim.distributed import analyze_distributed, local_client
     client = local_client(workers, 1, limit)
     pids = list(client.run(os.getpid).values())
-    client.run(lambda: __import__("fpsim.distributed"))  # imports done before the clock starts
+    client.run(lambda: __import__("fpsim.distributed.executor"))  # imports done before the clock starts
     print(json.dumps({"pids": pids}), flush=True)
     t = time.perf_counter()
     res = analyze_distributed(sys.argv[1], formats, swamping=swamping, scheduler=client, progress=False)

@@ -6,12 +6,21 @@ scaling, and emulated accumulation (``sum`` / ``dot`` / ``matmul`` / ``scaled_ma
 """
 
 from .accumulate import dot, matmul, scaled_matmul, sum  # noqa: A004 - fpsim.sum mirrors numpy.sum
-from .blockformat import RECIPES, BlockFormat, Codebook, ScaleRule
-from .codec import decode, encode, quantize
-from .delayed import DelayedScaling, DelayedState
-from .formats import FORMATS, Encoding, Format, IntFormat, get_format
-from .rounding import RoundMode
-from .scaling import BlockCodes
+from .emulate import decode, encode, quantize
+from .emulate.blocks import BlockCodes
+from .emulate.delayed import DelayedScaling, DelayedState
+from .formats import (
+    FORMATS,
+    RECIPES,
+    BlockFormat,
+    Codebook,
+    Encoding,
+    Format,
+    IntFormat,
+    RoundMode,
+    ScaleRule,
+    get_format,
+)
 
 __all__ = [
     "FORMATS",
@@ -35,4 +44,4 @@ __all__ = [
     "scaled_matmul",
     "sum",
 ]
-__version__ = "0.1.0"
+__version__ = "0.2.0"

@@ -6,15 +6,15 @@ triton are imported lazily by the kernel modules themselves.
 
 Modules:
     cast: portable encode / decode / quantize of torch tensors, integer bit operations
-        only: bit-identical to :mod:`fpsim.emulate` for every format and rounding mode, in
+        only: bit-identical to :mod:`fpsim.emulate.element` for every format and rounding mode, in
         Triton's CPU interpreter and on a GPU; stochastic rounding from given random words
         or from an in-kernel Philox stream (``seed=``).
     hwcast: the GPU's own float8 / bfloat16 / float16 conversions (``.to(tl.float8e4nv)``
         and friends), with the emulator's saturation and overflow conventions; GPU only.
     blocks: block quantization (MX, NVFP4, Transformer Engine per-tensor / 1x128 / 128x128,
         block INT8 / FP8, bitsandbytes codebook): codes and scales bit-identical to
-        :func:`fpsim.scaling.encode_blocks`, portable like ``cast``.
-    metrics: the counts, sums and maxima of :mod:`fpsim.metrics` for a chunk (counts and
+        :func:`fpsim.emulate.blocks.encode_blocks`, portable like ``cast``.
+    metrics: the counts, sums and maxima of :mod:`fpsim.analysis.metrics` for a chunk (counts and
         maxima exact; float64 sums within a stated bound).
     accumulate: :func:`fpsim.matmul` / :func:`fpsim.dot` with limited-precision accumulation, bit for bit.
     philox: numpy Philox4x32-10, the words of ``tl.randint`` for the emulator.

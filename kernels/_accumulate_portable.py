@@ -19,8 +19,8 @@ Arithmetic (DESIGN.md, section Kernels):
   masks and carries as ``_Rounder._round``). Rounding to odd first makes this one
   rounding of the exact sum, not a double rounding (Boldo and Melquiond 2008).
 * Values outside the format's normal range (zero, subnormal results, overflow, inf, NaN)
-  take the integer port of :func:`fpsim._bitcore.encode_float` for a float64 source
-  (what the emulator's slow path calls through :func:`fpsim.emulate.encode`), and the
+  take the integer port of :func:`fpsim.emulate._bitcore.encode_float` for a float64 source
+  (what the emulator's slow path calls through :func:`fpsim.emulate.element.encode`), and the
   code is turned back into a float64 value with integer operations.
 * Results are converted to float32 bit patterns with integer operations (every value of
   a :class:`~fpsim.Format` is a float32 number).
@@ -55,7 +55,7 @@ _jit = (lambda fn: fn) if _INTERPRET else triton.jit
 # 0 nearest_even, 1 nearest_away, 2 toward_zero, 3 toward_positive, 4 toward_negative,
 # 5 stochastic, 6 odd.
 # COMP: 0 none, 1 Kahan, 2 Neumaier. RAND (accumulator and promotion roundings): 0 none,
-# 1 words loaded from r_ptr, 2 SplitMix64 of (seed stream, index) as fpsim.metrics.random_bits_at.
+# 1 words loaded from r_ptr, 2 SplitMix64 of (seed stream, index) as fpsim.analysis.metrics.random_bits_at.
 # QRAND (product roundings): 0 none, 2 SplitMix64.
 
 # Layout of the int64 parameter tensor: three formats (accumulator, product, promotion) of
@@ -115,7 +115,7 @@ def _format(par_ptr, which):
 def _word(r_ptr, j, n_out, o, mask, off, RAND: tl.constexpr):
     """Random word (uint64 < 2**32) of rounding ``j`` (int64) of outputs ``o`` (int64):
     loaded (RAND 1) or SplitMix64 of ``j * n_out + o`` in the stream with offset ``off``
-    (RAND 2, :func:`fpsim.metrics.random_bits_at`)."""
+    (RAND 2, :func:`fpsim.analysis.metrics.random_bits_at`)."""
     idx = j * n_out + o
     if RAND == 1:
         w = tl.load(r_ptr + idx, mask=mask, other=0).to(tl.uint32, bitcast=True).to(tl.uint64)
@@ -131,7 +131,7 @@ def _word(r_ptr, j, n_out, o, mask, off, RAND: tl.constexpr):
 
 @_jit
 def _round_sig(sig, d, neg, r, nbits, MODE: tl.constexpr):
-    """fpsim._bitcore._round for a float64 source: ``sig / 2**d`` (sig < 2**53, int64
+    """fpsim.emulate._bitcore._round for a float64 source: ``sig / 2**d`` (sig < 2**53, int64
     d >= 0) rounded to an integer (uint64) as MODE says."""
     one = (d * 0 + 1).to(tl.uint64)
     dc = tl.minimum(d, 54).to(tl.uint64)  # beyond 54 every bit of sig is discarded
@@ -173,7 +173,7 @@ def _round_sig(sig, d, neg, r, nbits, MODE: tl.constexpr):
 @_jit
 def _encode_value(b, r, nbits, m, emin, code_max, ieee, finite, fnuz, ftz, MODE: tl.constexpr):
     """float64 bits (uint64) of the float64 value with bits ``b`` rounded into the format:
-    the codes of fpsim._bitcore.encode_float (float64 source, saturate off), decoded.
+    the codes of fpsim.emulate._bitcore.encode_float (float64 source, saturate off), decoded.
 
     Used where ``b`` lies outside the format's normal range: zero, subnormal results,
     overflow (IEEE 754-2019 section 7.4; FN / FNUZ formats give NaN, FINITE ones clamp),

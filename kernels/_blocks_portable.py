@@ -1,6 +1,6 @@
 """Portable Triton block-quantization kernels (DESIGN.md, section Kernels).
 
-Ports :func:`fpsim.scaling.encode_blocks`: one program instance per block (a tile of up to
+Ports :func:`fpsim.emulate.blocks.encode_blocks`: one program instance per block (a tile of up to
 ``BRP x BCP`` elements of a ``(P, R, C)`` view), amax by an integer max of the magnitude
 bits (exact, independent of the device's float max and its NaN convention), the scale in
 float32 scalar arithmetic in the emulator's order (``tl.math.div_rn`` for every division:
@@ -22,7 +22,8 @@ import os
 
 import triton
 import triton.language as tl
-from fpsim.kernels._loader import kernel_module
+
+from ._loader import kernel_module
 
 _P = kernel_module("_portable", os.environ.get("TRITON_INTERPRET") == "1")
 _encode_float = _P._encode_float

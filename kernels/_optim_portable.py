@@ -1,12 +1,12 @@
 """Portable Triton kernel of one Adam / AdamW step with block-quantized states (DESIGN.md, Kernels).
 
-Ports, per element and block, what :func:`fpsim.replay.replay` does for one tensor and step
+Ports, per element and block, what :func:`fpsim.replay.engine.replay` does for one tensor and step
 (:func:`fpsim.kernels.optim.adamw_step_reference` is the numpy twin):
 
 1. decode the master parameter (bfloat16 / float16 / float32 codes, widened exactly with
-   integer operations; NaN codes give 0x7FC00000 as :func:`fpsim.emulate.decode`), the
+   integer operations; NaN codes give 0x7FC00000 as :func:`fpsim.emulate.element.decode`), the
    gradient and both moments: FP32 states as stored, block states as
-   ``table[code] * scale`` (:func:`fpsim.scaling.decode_blocks`; the 256-entry table holds
+   ``table[code] * scale`` (:func:`fpsim.emulate.blocks.decode_blocks`; the 256-entry table holds
    the emulator's decoded value of every code, so the lookup is exact by construction);
 2. the update of :class:`fpsim.optim.Adam` / ``AdamW`` in float32, in its order::
 
@@ -41,7 +41,8 @@ import os
 
 import triton
 import triton.language as tl
-from fpsim.kernels._loader import kernel_module
+
+from ._loader import kernel_module
 
 _P = kernel_module("_portable", os.environ.get("TRITON_INTERPRET") == "1")
 _encode_float = _P._encode_float
@@ -123,7 +124,7 @@ def _store_state(
     ENC: tl.constexpr,
 ):
     """Store a state: FP32 as is, else codes and one float32 scale per row (block), as
-    fpsim.scaling.encode_blocks with the ABSMAX rule and nearest-even rounding."""
+    fpsim.emulate.blocks.encode_blocks with the ABSMAX rule and nearest-even rounding."""
     b = _bits(x)
     if KIND == 0:
         tl.store(c_ptr + offs, b.to(tl.int32, bitcast=True), mask=mask)

@@ -1,7 +1,7 @@
 """Portable Triton cast kernels: integer bit operations only (DESIGN.md, section Kernels).
 
-A port of :mod:`fpsim._bitcore` (``_split``, ``_round``, ``encode_float``, ``encode_int``)
-and of :func:`fpsim.emulate.decode`. Inputs arrive as integer views of their float bits
+A port of :mod:`fpsim.emulate._bitcore` (``_split``, ``_round``, ``encode_float``, ``encode_int``)
+and of :func:`fpsim.emulate.element.decode`. Inputs arrive as integer views of their float bits
 (float32 as int32, float16 and bfloat16 as int16); float16 and bfloat16 are widened to
 float32 bit patterns with integer operations (exact, IEEE 754-2019 section 3.4). No
 floating-point arithmetic is executed, so the results depend neither on the Triton CPU
@@ -27,7 +27,7 @@ interpreter and once for the compiler; import it through there.
 import triton
 import triton.language as tl
 
-# Rounding modes (order of the constexpr MODE), see fpsim.rounding.RoundMode.
+# Rounding modes (order of the constexpr MODE), see fpsim.formats.rounding.RoundMode.
 # 0 nearest_even, 1 nearest_away, 2 toward_zero, 3 toward_positive, 4 toward_negative,
 # 5 stochastic, 6 odd.
 # Encodings (ENC): 0 IEEE, 1 FN, 2 FNUZ, 3 FINITE.
@@ -119,7 +119,7 @@ def _random_words(r_ptr, seed_lo, seed_hi, offs, mask, RAND: tl.constexpr):
 
 @triton.jit
 def _split(b):
-    """fpsim._bitcore._split for float32 bits: sign (0/1), magnitude bits, significand with
+    """fpsim.emulate._bitcore._split for float32 bits: sign (0/1), magnitude bits, significand with
     its implicit bit, and the biased exponent field clamped to >= 1 (the quantum exponent
     of the significand is ``es1 - 150``)."""
     negu = b >> 31
@@ -131,7 +131,7 @@ def _split(b):
 
 @triton.jit
 def _round(sig, d, negu, r, nbits, rmask, MODE: tl.constexpr):
-    """fpsim._bitcore._round: ``sig / 2**d`` (sig < 2**24, int32 d >= 0) rounded to an
+    """fpsim.emulate._bitcore._round: ``sig / 2**d`` (sig < 2**24, int32 d >= 0) rounded to an
     integer (uint32) as MODE says.
 
     Nearest-even and nearest-away add the rounding increment before the shift (one add
@@ -197,7 +197,7 @@ def _encode_float(
     EMIN_LOW: tl.constexpr,
     OVF: tl.constexpr,
 ):
-    """fpsim._bitcore.encode_float for float32 bits ``b``: the codes (uint32).
+    """fpsim.emulate._bitcore.encode_float for float32 bits ``b``: the codes (uint32).
 
     The quantum of |x| in the target is ``2**(max(floor(log2|x|), emin) - m)``; ``d`` is how
     many low bits of the significand it drops and ``hi`` the exponent field above the
@@ -268,7 +268,7 @@ def _encode_float(
 
 @triton.jit
 def _encode_int(b, r, nbits, rmask, fb, ibits, imask, max_int, lo, clamp, MODE: tl.constexpr):
-    """fpsim._bitcore.encode_int: two's complement codes (uint32) of ``x * 2**fb`` rounded.
+    """fpsim.emulate._bitcore.encode_int: two's complement codes (uint32) of ``x * 2**fb`` rounded.
 
     ``clamp`` (runtime) clamps to [-lo, max_int] (saturate or symmetric formats) instead of
     wrapping modulo ``2**bits``.
@@ -324,7 +324,7 @@ def _decode(
     SIGNED: tl.constexpr,
     HAS_ZERO: tl.constexpr,
 ):
-    """float32 bits (uint32) of codes ``c`` (uint32): fpsim.emulate.decode without a table.
+    """float32 bits (uint32) of codes ``c`` (uint32): fpsim.emulate.element.decode without a table.
 
     ``subn_mask`` is 0xFFFFFFFF when subnormal codes are numbers, 0 when they decode to zero.
     """

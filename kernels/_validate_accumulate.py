@@ -38,8 +38,7 @@ from typing import Any
 
 import numpy as np
 
-from fpsim.formats import Format
-from fpsim.rounding import RoundMode
+from fpsim.formats import Format, RoundMode
 
 _BIG = ("swamping", "shape (2, 1023, 3)")  # the long sums: plain and promoted variants only
 

@@ -2,7 +2,7 @@
 
 :func:`validate_blocks` runs a block-encode kernel (:func:`fpsim.kernels.blocks.encode_blocks`
 or any callable with its signature) on inputs where block scaling can go wrong and compares
-its element codes and scale codes with :func:`fpsim.scaling.encode_blocks`, zero tolerance:
+its element codes and scale codes with :func:`fpsim.emulate.blocks.encode_blocks`, zero tolerance:
 
 * ``specials``: a ragged last block, an all-zero block, blocks holding +-inf and NaN,
   float32 subnormals (MX scale exponents clamped at -127), a block whose amax rounds up
@@ -19,8 +19,7 @@ from typing import Any
 
 import numpy as np
 
-from fpsim.blockformat import BlockFormat
-from fpsim.rounding import RoundMode
+from fpsim.formats import BlockFormat, RoundMode
 
 
 def _shapes(bf: BlockFormat, quick: bool) -> list[tuple]:
@@ -69,7 +68,7 @@ def validate_blocks(
     input set: codes and scales counted together, the first mismatches kept (codes)."""
     import torch
 
-    from fpsim.scaling import encode_blocks as ref
+    from fpsim.emulate.blocks import encode_blocks as ref
 
     from .validate import _SHOWN, Case, Mismatch, _input_bits
 

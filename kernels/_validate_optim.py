@@ -2,7 +2,7 @@
 
 :func:`run` compares the fused step :func:`fpsim.kernels.optim.adamw_step` with its emulator
 twin :func:`fpsim.kernels.optim.adamw_step_reference` (which the tests compare with
-:func:`fpsim.replay.replay`) for one state recipe and one master rounding mode, zero
+:func:`fpsim.replay.engine.replay`) for one state recipe and one master rounding mode, zero
 tolerance: the master codes, the state codes and the scale bits, every step. NaNs are
 compared by class (any NaN code of the format equals any other: a GPU's arithmetic NaN is
 0x7FFFFFFF where numpy keeps a sign and payload; in the interpreter even the NaN bits agree).
@@ -37,10 +37,8 @@ from typing import Any
 
 import numpy as np
 
-from fpsim.blockformat import RECIPES, BlockFormat, Codebook
-from fpsim.formats import Format, IntFormat, get_format
+from fpsim.formats import RECIPES, BlockFormat, Codebook, Format, IntFormat, RoundMode, get_format
 from fpsim.optim import Adam, AdamW
-from fpsim.rounding import RoundMode
 
 _F32 = np.float32
 

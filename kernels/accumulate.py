@@ -20,7 +20,7 @@ element, with ``t_k`` the exact product ``a[i, k] * b[k, j]`` (rounded once to
 
 Stochastic rounding numbers the roundings of one output ``j = 0, 1, ...`` in that order and
 uses ``random_bits[j].flat[o]`` or, with ``seed``, the SplitMix64 word
-:func:`fpsim.metrics.random_bits_at` ``(4 * seed, j * n_out + o)``, computed in the kernel;
+:func:`fpsim.analysis.metrics.random_bits_at` ``(4 * seed, j * n_out + o)``, computed in the kernel;
 product roundings use ``(4 * seed + 1, k * n_out + o)``. Inputs rounded to
 ``input_format`` are quantized first with :func:`fpsim.kernels.cast.quantize` (itself
 bit-identical to the emulator), with the emulator's seed streams ``4 * seed + 2`` and
@@ -33,7 +33,7 @@ rounding to odd at 53 bits, then rounding to the accumulator's ``p`` bits with i
 operations on the float64 bit pattern: one correct rounding of the exact sum, no double
 rounding (Boldo and Melquiond 2008), for every mode, stochastic included (its random bits
 sit above the odd bit). Values outside the normal range use the integer port of
-:func:`fpsim._bitcore.encode_float` for float64 sources, as the emulator's slow path. The
+:func:`fpsim.emulate._bitcore.encode_float` for float64 sources, as the emulator's slow path. The
 compiled kernel is launched with ``enable_fp_fusion=False``, so no multiply-add is fused.
 
 Supported: every signed :class:`~fpsim.Format` with a zero as accumulator, ``promote_to``
@@ -65,9 +65,7 @@ from typing import Any
 import numpy as np
 
 from fpsim.accumulate import accumulator_format, rounding_count
-from fpsim.blockformat import BlockFormat
-from fpsim.formats import Encoding, Format, get_format
-from fpsim.rounding import RoundMode
+from fpsim.formats import BlockFormat, Encoding, Format, RoundMode, get_format
 
 from ._loader import is_interpreted, kernel_module, require_torch
 from ._loader import launch as _launch_kernel
@@ -77,7 +75,7 @@ __all__ = ["Launch", "dot", "matmul"]
 
 _ORDERS = ("sequential", "pairwise", "blocked")
 _COMPENSATION = {False: 0, None: 0, True: 1, "kahan": 1, "neumaier": 2}
-_GOLDEN = 0x9E3779B97F4A7C15  # SplitMix64's seed multiplier (fpsim.metrics.random_bits_at)
+_GOLDEN = 0x9E3779B97F4A7C15  # SplitMix64's seed multiplier (fpsim.analysis.metrics.random_bits_at)
 _NF = 10  # entries per format in the parameter tensor (_accumulate_portable._format)
 
 
@@ -134,7 +132,7 @@ def matmul(a: Any, b: Any, **kwargs: Any) -> Any:
             ``(fpsim.accumulate.rounding_count(K, ...), *batch, M, N)`` (numpy uint32, or
             a torch uint32 / int32 bit-pattern tensor).
         seed: int; random words for every stochastic rounding not given ``random_bits``
-            (drawn in the kernel as :func:`fpsim.metrics.random_bits_at`).
+            (drawn in the kernel as :func:`fpsim.analysis.metrics.random_bits_at`).
         stochastic_bits: random bits per stochastic rounding (default ``min(32, 51 - M)``).
         input_format, input_rounding: element format (and rounding) of the inputs, or pairs
             ``(for a, for b)``.
@@ -353,9 +351,9 @@ def _inputs(torch: Any, x: Any, fmt: Any, rounding: Any, seed: int | None, strea
     portable cast kernel; stochastic rounding draws the emulator's words of ``4 * seed + stream``."""
     if fmt is None:
         return x
-    from fpsim.metrics import random_bits_at
+    from fpsim.kernels import cast
 
-    from . import cast
+    from fpsim.analysis.metrics import random_bits_at
 
     f = get_format(fmt)
     if isinstance(f, BlockFormat):
@@ -394,7 +392,7 @@ def _format_params(fmt: Format | None) -> list[int]:
 
 
 def _offset(stream: int) -> int:
-    """SplitMix64 offset of a seed stream as an int64 bit pattern (fpsim.metrics.random_bits_at)."""
+    """SplitMix64 offset of a seed stream as an int64 bit pattern (fpsim.analysis.metrics.random_bits_at)."""
     v = (stream * _GOLDEN) % (1 << 64)
     return v - (1 << 64) if v >= (1 << 63) else v
 

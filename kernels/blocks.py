@@ -1,7 +1,7 @@
-"""Portable Triton block quantization: :func:`fpsim.scaling.encode_blocks` on torch tensors.
+"""Portable Triton block quantization: :func:`fpsim.emulate.blocks.encode_blocks` on torch tensors.
 
 :func:`encode_blocks` returns the element codes and the scale codes of a block recipe
-(:data:`fpsim.blockformat.RECIPES` or any :class:`~fpsim.blockformat.BlockFormat` with
+(:data:`fpsim.formats.block.RECIPES` or any :class:`~fpsim.formats.block.BlockFormat` with
 1-D or 2-D blocks), bit-identical to the emulator: MX (all four scale rules; FP8, FP6, FP4
 and INT8 elements), Transformer Engine current scaling per tensor (two passes: an amax
 reduction, then the cast), per row, 1x128 blocks and 128x128 tiles (``pow2``), linear
@@ -18,7 +18,7 @@ payload of an input NaN; equal for numpy's NaN).
 Example::
 
     codes, scales, _ = fpsim.kernels.blocks.encode_blocks(x, "mxfp8_e4m3")
-    ref = fpsim.scaling.encode_blocks(x.numpy(), "mxfp8_e4m3")
+    ref = fpsim.emulate.blocks.encode_blocks(x.numpy(), "mxfp8_e4m3")
     assert (codes.numpy() == ref.codes).all() and (scales.numpy() == ref.scales).all()
 """
 
@@ -29,9 +29,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from fpsim.blockformat import BlockFormat, Codebook, ScaleRule
-from fpsim.formats import FORMATS, Format, IntFormat, get_format
-from fpsim.rounding import RoundMode
+from fpsim.formats import FORMATS, BlockFormat, Codebook, Format, IntFormat, RoundMode, ScaleRule, get_format
 
 from ._loader import is_interpreted, kernel_module, require_torch
 from ._loader import launch as _launch_kernel
@@ -52,7 +50,7 @@ _CHUNK = 1 << 14  # elements per program of the per-tensor passes
 
 
 class BlockCodesT(NamedTuple):
-    """Torch twin of :class:`fpsim.scaling.BlockCodes`: element codes (``x``'s shape),
+    """Torch twin of :class:`fpsim.emulate.blocks.BlockCodes`: element codes (``x``'s shape),
     scale codes (the grid of blocks; torch.uint32 float32 bits or torch.uint8 E8M0 / E4M3
     codes) and NVFP4's float32 tensor scale (else None)."""
 
@@ -74,7 +72,7 @@ def _recipe(fmt: Any) -> BlockFormat:
 
 def _blocking(shape: tuple, bf: BlockFormat) -> tuple[int, int, int, int, int, tuple]:
     """(P, R, C, BR, BC, grid): the tensor as P matrices R x C in blocks of BR x BC."""
-    from fpsim.scaling import _geometry
+    from fpsim.emulate.blocks import _geometry
 
     work, blk = _geometry(shape, bf)
     grid = tuple(-(-t // b) for t, b in zip(work, blk))
@@ -101,11 +99,11 @@ def encode_blocks(
     stochastic_bits: int = 32,
     tensor_amax: float | None = None,
 ) -> BlockCodesT:
-    """Codes and scales of ``x`` in ``recipe``, bit-identical to :func:`fpsim.scaling.encode_blocks`.
+    """Codes and scales of ``x`` in ``recipe``, bit-identical to :func:`fpsim.emulate.blocks.encode_blocks`.
 
     Args:
         x: torch float32 tensor (CPU: Triton interpreter; GPU: compiled kernels).
-        recipe: a :class:`~fpsim.blockformat.BlockFormat` or a preset name.
+        recipe: a :class:`~fpsim.formats.block.BlockFormat` or a preset name.
         rounding: rounding of the elements (codebooks: nearest_even only).
         random_bits: stochastic rounding: uint32 words of ``x``'s shape (torch.uint32 /
             torch.int32 bit patterns or a numpy uint32 array), one per element.
@@ -157,7 +155,7 @@ def encode_blocks(
         else:
             tamax = _tensor_amax(mod, xv, interp, extra)
     if per_tensor:
-        from fpsim.scaling import _geometry
+        from fpsim.emulate.blocks import _geometry
 
         work, _ = _geometry(tuple(x.shape), bf)
         p, r, c, br, bc, grid = 1, 1, n, 1, min(_pow2(n), _CHUNK), (1,) * len(work)
@@ -230,7 +228,7 @@ def _tensor_amax(mod: Any, xv: Any, interp: bool, extra: dict) -> Any:
 
 
 def _nvfp4_tensor_scale(amax_bits: int) -> float:
-    """``1 / S_enc`` as fpsim.scaling._nvfp4 computes it (host scalar, numpy float32)."""
+    """``1 / S_enc`` as fpsim.emulate.blocks._nvfp4 computes it (host scalar, numpy float32)."""
     f32 = np.float32
     amax_t = np.array([amax_bits], np.int32).view(f32)[0]
     with np.errstate(divide="ignore", over="ignore"):

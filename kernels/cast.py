@@ -1,12 +1,12 @@
 """Portable Triton casts: encode, decode and quantize torch tensors bit-identically to
-:mod:`fpsim.emulate`.
+:mod:`fpsim.emulate.element`.
 
-The kernels (``_portable.py``) port the emulator's integer algorithm (:mod:`fpsim._bitcore`)
+The kernels (``_portable.py``) port the emulator's integer algorithm (:mod:`fpsim.emulate._bitcore`)
 to Triton with integer bit operations only, so they run exactly in Triton's CPU
 interpreter and on a GPU (DESIGN.md, section Kernels). Every :class:`~fpsim.Format` and
 :class:`~fpsim.IntFormat` (the whole of :data:`fpsim.FORMATS` and any other format the
 emulator accepts) and every :class:`~fpsim.RoundMode` is supported, with ``saturate`` and
-``subnormals`` as in :func:`fpsim.emulate.encode`.
+``subnormals`` as in :func:`fpsim.emulate.element.encode`.
 
 Tensors and dtypes:
     * Inputs: torch float32, float16 or bfloat16 tensors of any shape and layout (a
@@ -31,7 +31,7 @@ reproduces in numpy::
 
     codes = fpsim.kernels.cast.encode(x, "float8_e4m3fn", rounding="stochastic", seed=7)
     bits = philox_bits(7, x.numel()).reshape(tuple(x.shape))
-    assert (codes.numpy() == fpsim.emulate.encode(x.numpy(), "float8_e4m3fn",
+    assert (codes.numpy() == fpsim.emulate.element.encode(x.numpy(), "float8_e4m3fn",
                                                   rounding="stochastic", random_bits=bits)).all()
 """
 
@@ -40,8 +40,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from fpsim.formats import AnyFormat, Encoding, Format, IntFormat, get_format
-from fpsim.rounding import RoundMode
+from fpsim.formats import AnyFormat, Encoding, Format, IntFormat, RoundMode, get_format
 
 from ._loader import is_interpreted, kernel_module, require_torch
 from ._loader import launch as _launch_kernel
@@ -104,7 +103,7 @@ def encode(
     stochastic_bits: int = 32,
     launch: Launch = _DEFAULT,
 ) -> Any:
-    """Codes of ``x`` in ``fmt``, bit-identical to :func:`fpsim.emulate.encode`.
+    """Codes of ``x`` in ``fmt``, bit-identical to :func:`fpsim.emulate.element.encode`.
 
     Args:
         x: torch float32, float16 or bfloat16 tensor (CPU: Triton interpreter; GPU: compiled).
@@ -112,7 +111,7 @@ def encode(
         rounding: a :class:`~fpsim.RoundMode` or its name (IEEE 754-2019 section 4.3,
             stochastic, odd).
         saturate: clamp out-of-range values, +-inf included, to +-max (integers: clamp
-            instead of wrapping), as in :func:`fpsim.emulate.encode`.
+            instead of wrapping), as in :func:`fpsim.emulate.element.encode`.
         subnormals: False flushes subnormal results to zero after rounding (PTX ``.ftz``).
         random_bits: stochastic rounding only: uint32 words (torch.uint32 or torch.int32 bit
             patterns, or a numpy uint32 array) of ``x``'s shape; element i uses the low
@@ -150,7 +149,7 @@ def quantize(
 ) -> Any:
     """``decode(encode(x, fmt, ...), fmt)`` in one fused kernel: float32 values of ``x``'s shape.
 
-    Takes the arguments of :func:`encode`; bit-identical to :func:`fpsim.emulate.quantize`.
+    Takes the arguments of :func:`encode`; bit-identical to :func:`fpsim.emulate.element.quantize`.
     The codes stay in registers, so the kernel moves only the input and the float32 output.
     """
     return _run_encode(
@@ -159,7 +158,7 @@ def quantize(
 
 
 def decode(codes: Any, fmt: Any, *, launch: Launch = _DEFAULT) -> Any:
-    """float32 values of ``codes``, bit-identical to :func:`fpsim.emulate.decode`.
+    """float32 values of ``codes``, bit-identical to :func:`fpsim.emulate.element.decode`.
 
     No lookup table: the float32 bit pattern is built from the code's fields with integer
     operations (normal and subnormal float32 results, +-inf, NaN as 0x7FC00000, flushed
@@ -223,7 +222,7 @@ def _run_encode(x, fmt, rounding, saturate, subnormals, random_bits, seed, nbits
     if src is None:
         raise TypeError(
             f"encode: x must be float32, float16 or bfloat16, got {x.dtype} "
-            "(float64: use fpsim.emulate.encode, which rounds it once, directly)"
+            "(float64: use fpsim.emulate.element.encode, which rounds it once, directly)"
         )
     if not isinstance(launch, Launch):
         raise TypeError(f"encode: launch must be a Launch, got {type(launch).__name__}")

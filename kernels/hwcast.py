@@ -3,7 +3,7 @@
 ``encode(x, fmt, saturate=...)`` converts with ``x.to(tl.float8e4nv)`` (float8_e4m3fn),
 ``tl.float8e5`` (float8_e5m2), ``tl.bfloat16`` or ``tl.float16`` and returns the codes
 (torch.uint8 / torch.uint16), with the overflow, saturation and flush-to-zero conventions
-of :func:`fpsim.emulate.encode` enforced around the instruction (see ``_hw.py``), so the
+of :func:`fpsim.emulate.element.encode` enforced around the instruction (see ``_hw.py``), so the
 result must equal the emulator's nearest-even codes; NaN codes are the hardware's (compare
 by class). Only round-to-nearest-even is offered: it is what ``.to()`` does.
 
@@ -20,8 +20,7 @@ import struct
 import warnings
 from typing import Any
 
-from fpsim.formats import Format
-from fpsim.rounding import RoundMode
+from fpsim.formats import Format, RoundMode
 
 from ._loader import is_interpreted, kernel_module, require_torch
 from ._loader import launch as _launch_kernel

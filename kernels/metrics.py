@@ -1,6 +1,6 @@
-"""Portable Triton reduction for :mod:`fpsim.metrics`: the counts and sums of one chunk.
+"""Portable Triton reduction for :mod:`fpsim.analysis.metrics`: the counts and sums of one chunk.
 
-:func:`tally` computes what :func:`fpsim.metrics._tally` computes for a chunk, from the
+:func:`tally` computes what :func:`fpsim.analysis.metrics._tally` computes for a chunk, from the
 inputs ``x``, the stored values ``q`` (float32) and the element codes:
 
 * counts (elements, nonzero, nan_in, inf_in, underflow, subnormal, overflow, saturated):
@@ -18,7 +18,7 @@ inputs ``x``, the stored values ``q`` (float32) and the element codes:
 
 Not covered: the log2 histogram (``with_hist``); the element flags (code at +-max,
 subnormal element) are computed from the codes on the host with
-:func:`fpsim.metrics.element_flags`.
+:func:`fpsim.analysis.metrics.element_flags`.
 """
 
 from __future__ import annotations
@@ -44,7 +44,7 @@ def sum_bound(n: int) -> float:
 
 
 def tally(x: Any, q: Any, codes: Any, element: Any) -> dict[str, Any]:
-    """Counts, sums and maxima of one chunk (the fields of :class:`fpsim.metrics.Partial`
+    """Counts, sums and maxima of one chunk (the fields of :class:`fpsim.analysis.metrics.Partial`
     except the histogram), for torch float32 tensors ``x`` and ``q`` and the codes.
 
     Args:
@@ -52,9 +52,9 @@ def tally(x: Any, q: Any, codes: Any, element: Any) -> dict[str, Any]:
         q: the stored values, e.g. ``decode_blocks(encode_blocks(x, fmt), fmt)``, x's shape.
         codes: the element codes (numpy or torch), x's shape.
         element: the element format (:class:`~fpsim.Format`, :class:`~fpsim.IntFormat`
-            or :class:`~fpsim.blockformat.Codebook`).
+            or :class:`~fpsim.formats.block.Codebook`).
     """
-    from fpsim.metrics import element_flags
+    from fpsim.analysis.metrics import element_flags
 
     torch = require_torch()
     for name, t in (("x", x), ("q", q)):

@@ -6,7 +6,7 @@ decode the master parameter and both moments, do the update of :class:`fpsim.opt
 re-encode the moments with their block recipe and round the parameter once to the master
 format. :func:`adamw_step_reference` is its emulator twin, with the same signature on numpy
 arrays, built only from fpsim's public functions (:func:`fpsim.decode`, :func:`fpsim.encode`,
-``fpsim.optim.Adam.step``); it is exactly one tensor-step of :func:`fpsim.replay.replay`
+``fpsim.optim.Adam.step``); it is exactly one tensor-step of :func:`fpsim.replay.engine.replay`
 (semantics 2 to 4 of that module; the tests replay a trace and compare), and the kernel is
 bit-identical to it (tests and ``fpsim validate-kernels --kernel optim.adamw_step``).
 
@@ -18,7 +18,7 @@ Supported:
     * states (``m_recipe``, ``v_recipe``): ``"float32"`` (FP32 states, as the replay keeps
       for tensors below ``min_quantized_size``) or a flattened block recipe with the ABSMAX
       rule and 8-bit elements: :data:`STATE_RECIPES` (bitsandbytes dynamic maps, block
-      INT8, block FP8 E4M3) or any :class:`~fpsim.blockformat.BlockFormat` of that kind
+      INT8, block FP8 E4M3) or any :class:`~fpsim.formats.block.BlockFormat` of that kind
       (blocks of at most 8192 elements).
       When both states are quantized their blocks must have the same size.
     * master (``master``): ``"bfloat16"``, ``"float16"`` or ``"float32"``, rounded
@@ -54,7 +54,7 @@ Example::
 
     import torch
     from fpsim.kernels import blocks, cast
-    from fpsim.kernels.optim import adamw_step, adamw_step_reference
+    from .optim import adamw_step, adamw_step_reference
 
     p, g = cast.encode(torch.randn(1000), "bfloat16"), torch.randn(1000)  # uint16 codes
     mc, ms, _ = blocks.encode_blocks(torch.zeros(1000), "bnb_dynamic8_block256")
@@ -75,10 +75,8 @@ from typing import Any, NamedTuple
 import numpy as np
 
 import fpsim
-from fpsim.blockformat import RECIPES, BlockFormat, Codebook, ScaleRule
-from fpsim.formats import Format, IntFormat, get_format
+from fpsim.formats import RECIPES, BlockFormat, Codebook, Format, IntFormat, RoundMode, ScaleRule, get_format
 from fpsim.optim import Adam, AdamW
-from fpsim.rounding import RoundMode
 
 from ._loader import is_interpreted, kernel_module, require_torch
 from ._loader import launch as _launch_kernel
@@ -193,11 +191,11 @@ def _block(mrec: BlockFormat | None, vrec: BlockFormat | None) -> int:
 
 
 def replay_random_bits(seed: int, step: int, name: str, shape: tuple) -> np.ndarray:
-    """The random words :func:`fpsim.replay.replay` draws for the stochastic master rounding of
+    """The random words :func:`fpsim.replay.engine.replay` draws for the stochastic master rounding of
     tensor ``name`` at recorded step ``step`` (its ``seed``): ``random_bits_at(seed ^
     crc32(f"{step}:{name}"), 0, size)``, shaped. Pass them as ``random_bits`` to reproduce a
     replay step (checked against the replay in the tests)."""
-    from fpsim.metrics import random_bits_at
+    from fpsim.analysis.metrics import random_bits_at
 
     n = math.prod(shape)
     return random_bits_at(seed ^ zlib.crc32(f"{step}:{name}".encode()), 0, n).reshape(shape)
@@ -224,7 +222,7 @@ def adamw_step_reference(
     random_bits: np.ndarray | None = None,
     seed: int | None = None,
 ) -> AdamStep:
-    """One step of one tensor as :func:`fpsim.replay.replay` does it, on numpy arrays.
+    """One step of one tensor as :func:`fpsim.replay.engine.replay` does it, on numpy arrays.
 
     ``p = decode(p, master)``; states decoded (FP32 states as given); ``optimizer.step(p, g,
     states, lr, step)`` in float32 (:mod:`fpsim.optim`); the new states encoded with their
@@ -341,7 +339,7 @@ def _state_consts(bf: BlockFormat | None) -> tuple[int, int, dict[str, int], np.
     if isinstance(el, Codebook):
         c = el.table
         table[: c.size] = c
-        mids[: c.size - 1] = (c[:-1] + c[1:]) / _F32(2)  # as fpsim.scaling's bucket lookup
+        mids[: c.size - 1] = (c[:-1] + c[1:]) / _F32(2)  # as fpsim.emulate.blocks's bucket lookup
         rt.update(max_int=c.size - 1, eps_bits=_bits32(1e-38))
         return 1, 0, rt, table, mids
     table[: 1 << el.bits] = fpsim.decode(np.arange(1 << el.bits, dtype=np.uint8), el)

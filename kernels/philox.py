@@ -8,7 +8,7 @@ SC 2011) with counter ``[i mod 2**32, i >> 32, 0, 0]`` and key
 computes the same words with numpy, so that::
 
     bits = philox_bits(seed, x.size).reshape(x.shape)
-    fpsim.emulate.encode(x, fmt, rounding="stochastic", random_bits=bits)
+    fpsim.emulate.element.encode(x, fmt, rounding="stochastic", random_bits=bits)
 
 equals the kernel's ``fpsim.kernels.cast.encode(x, fmt, rounding="stochastic", seed=seed)``.
 Only numpy is needed (no torch, no triton). The known answer of the Random123 distribution

@@ -1,7 +1,7 @@
 """Bit-exact validation of cast kernels against the emulator (DESIGN.md, section Kernels).
 
 :func:`validate` runs any encode-like callable (yours or one of fpsim's) on the inputs where
-a rounding can go wrong and compares its codes with :func:`fpsim.emulate.encode`, zero
+a rounding can go wrong and compares its codes with :func:`fpsim.emulate.element.encode`, zero
 tolerance. :func:`validate_all` does that for every registered kernel x format x rounding
 mode (:data:`KERNELS`; later kernels register themselves with :func:`register_kernel`), and
 :func:`main` is the ``fpsim validate-kernels`` command (:func:`add_parser` wires it into a
@@ -23,8 +23,8 @@ Inputs (float32 unless a 16-bit input dtype is asked for), see :func:`input_sets
   as recorded and scaled by a power of two to the format's range.
 
 Block kernels (``KernelSpec(recipes=True)``, e.g. ``blocks.encode_blocks``) run over the
-block recipes of :data:`fpsim.blockformat.RECIPES` instead, codes and scale codes compared
-with :func:`fpsim.scaling.encode_blocks` (inputs: :mod:`fpsim.kernels._validate_blocks`).
+block recipes of :data:`fpsim.formats.block.RECIPES` instead, codes and scale codes compared
+with :func:`fpsim.emulate.blocks.encode_blocks` (inputs: :mod:`fpsim.kernels._validate_blocks`).
 
 For float16 / bfloat16 inputs the set ``inputs`` holds every 16-bit pattern (exhaustive;
 a sample with ``cases="quick"``).
@@ -52,8 +52,7 @@ from typing import Any
 
 import numpy as np
 
-from fpsim.formats import FORMATS, AnyFormat, Format, IntFormat
-from fpsim.rounding import RoundMode
+from fpsim.formats import FORMATS, AnyFormat, Format, IntFormat, RoundMode
 
 __all__ = [
     "Case",
@@ -261,7 +260,7 @@ def _range(fmt: AnyFormat) -> tuple[float, float]:
 
 
 def _float_sets(fmt: Format, quick: bool, rng: np.random.Generator) -> list[InputSet]:
-    from fpsim.emulate import decode_table
+    from fpsim.emulate.element import decode_table
 
     cap = 4096 if quick else None
     sets = []
@@ -388,7 +387,7 @@ def _check_cases(cases: str) -> bool:
 
 
 def _code_fields(code: int, fmt: AnyFormat) -> str:
-    from fpsim.reference import decode_scalar
+    from fpsim.emulate.reference import decode_scalar
 
     code = int(code)
     width = (fmt.bits + 3) // 4
@@ -478,7 +477,7 @@ def validate(
     nan_by_class: bool = False,
     sets: Sequence[str] | None = None,
 ) -> list[Case]:
-    """Compare an encode kernel with :func:`fpsim.emulate.encode`, bit for bit.
+    """Compare an encode kernel with :func:`fpsim.emulate.element.encode`, bit for bit.
 
     The kernel is called as ``kernel_encode(x, fmt, rounding=..., saturate=...,
     subnormals=...)`` with ``x`` a torch tensor on ``device`` and ``fmt`` the
@@ -487,7 +486,7 @@ def validate(
     the uint32 words the emulator gets) or, with ``random="seed"``, ``seed=`` (the emulator
     then gets :func:`fpsim.kernels.philox.philox_bits`). It returns a tensor of codes of
     ``x``'s shape (any integer dtype; with ``kind="quantize"`` float32 values, compared as
-    bit patterns with :func:`fpsim.emulate.quantize`). Inputs: :func:`input_sets`.
+    bit patterns with :func:`fpsim.emulate.element.quantize`). Inputs: :func:`input_sets`.
 
     Args:
         kernel_encode: the kernel's host function.
@@ -514,7 +513,7 @@ def validate(
         by dropping the low 16 bits::
 
             import torch
-            from fpsim.kernels.validate import validate
+            from .validate import validate
 
             def truncate_bf16(x, fmt, *, rounding, saturate, subnormals, **_):
                 return ((x.view(torch.int32) >> 16) & 0xFFFF).to(torch.uint16)
@@ -530,7 +529,7 @@ def validate(
         ``TRITON_INTERPRET=1`` before importing triton (see the module docstring).
     """
     torch = _torch()
-    from fpsim import emulate
+    from fpsim.emulate import element as emulate
 
     from .cast import element_format
     from .philox import philox_bits
@@ -614,7 +613,7 @@ def _values_bits(torch, got, shape) -> np.ndarray:
 def _is_nan_code(codes: np.ndarray, fmt: AnyFormat) -> np.ndarray:
     if isinstance(fmt, IntFormat):
         return np.zeros(codes.shape, bool)
-    from fpsim.emulate import decode_table
+    from fpsim.emulate.element import decode_table
 
     ok = (codes >= 0) & (codes < (1 << fmt.bits))
     safe = np.where(ok, codes, 0)
@@ -682,14 +681,14 @@ def validate_decode(
     nan_by_class: bool = False,
 ) -> list[Case]:
     """Compare a decode kernel ``kernel_decode(codes, fmt) -> float32 tensor`` with
-    :func:`fpsim.emulate.decode` on every code (formats up to 16 bits) or a sample of
+    :func:`fpsim.emulate.element.decode` on every code (formats up to 16 bits) or a sample of
     bit patterns (float32), as float32 bit patterns.
 
     Codes are passed as a torch tensor of the format's code dtype (uint8/uint16/uint32).
     Returns one :class:`Case` (rounding "-").
     """
     torch = _torch()
-    from fpsim import emulate
+    from fpsim.emulate import element as emulate
 
     from .cast import element_format
 
@@ -767,7 +766,7 @@ class KernelSpec:
         applies: whether the kernel exists for a format and rounding mode (rows are made
             only for those).
         skip: why it cannot run for (format, rounding, device), or None.
-        recipes: the kernel takes block recipes (:data:`fpsim.blockformat.RECIPES`) instead
+        recipes: the kernel takes block recipes (:data:`fpsim.formats.block.RECIPES`) instead
             of element formats (:data:`fpsim.FORMATS`).
         formats: the kernel's own format table, ``formats() -> {name: format}`` (e.g. the
             accumulators of ``accumulate.matmul``), used instead of FORMATS / RECIPES.
@@ -793,7 +792,7 @@ def register_kernel(spec: KernelSpec) -> KernelSpec:
 
 def _cast(kind: str, input_dtype: str = "float32", random: str = "bits") -> Callable[..., list[Case]]:
     def run(fmt, rounding, *, cases, device, name):
-        from . import cast
+        from fpsim.kernels import cast
 
         fn = cast.encode if kind == "encode" else cast.quantize
         return validate(
@@ -812,13 +811,13 @@ def _cast(kind: str, input_dtype: str = "float32", random: str = "bits") -> Call
 
 
 def _decode_run(fmt, rounding, *, cases, device, name):
-    from . import cast
+    from fpsim.kernels import cast
 
     return validate_decode(cast.decode, fmt, cases=cases, device=device, name=name)
 
 
 def _hw_run(fmt, rounding, *, cases, device, name):
-    from . import hwcast
+    from fpsim.kernels import hwcast
 
     return validate(
         hwcast.encode, fmt, rounding, cases=cases, device=device, name=name, nan_by_class=True, sets=None
@@ -826,13 +825,14 @@ def _hw_run(fmt, rounding, *, cases, device, name):
 
 
 def _hw_skip(fmt, rounding, device):
-    from . import hwcast
+    from fpsim.kernels import hwcast
 
     return hwcast.unavailable_reason(fmt, device, rounding)
 
 
 def _blocks_run(fmt, rounding, *, cases, device, name):
-    from . import blocks
+    from fpsim.kernels import blocks
+
     from ._validate_blocks import validate_blocks
 
     return validate_blocks(blocks.encode_blocks, fmt, rounding, cases=cases, device=device, name=name)
@@ -840,7 +840,7 @@ def _blocks_run(fmt, rounding, *, cases, device, name):
 
 def _blocks_applies(bf, mode) -> bool:
     """Codebook recipes round to the nearest entry only; lookup-table codebooks have no kernel."""
-    from fpsim.blockformat import Codebook
+    from fpsim.formats import Codebook
 
     if isinstance(bf.element, Codebook):
         return mode is RoundMode.NEAREST_EVEN and not bf.element.lut_bins
@@ -917,7 +917,7 @@ def validate_all(
         device: "cpu" (Triton's interpreter) or "cuda".
         quick: fewer inputs per case (:func:`input_sets` with ``cases="quick"``).
         formats: only these format names (default: all of :data:`fpsim.FORMATS`, and for
-            block kernels all of :data:`fpsim.blockformat.RECIPES`; recipe names and the
+            block kernels all of :data:`fpsim.formats.block.RECIPES`; recipe names and the
             names of kernels' own format tables, ``KernelSpec.formats``, are accepted too).
         kernels: only these kernels (names in :data:`KERNELS`).
         roundings: only these rounding modes.
@@ -932,7 +932,7 @@ def validate_all(
     """
     from tqdm.auto import tqdm
 
-    from fpsim.blockformat import RECIPES
+    from fpsim.formats import RECIPES
 
     own = [n for s in KERNELS.values() if s.formats is not None for n in s.formats()]
     fmts = _pick(formats, list(dict.fromkeys([*FORMATS, *RECIPES, *own])), "format")
@@ -998,7 +998,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     The parser's default ``run`` is :func:`run_args` (``args.run(args)`` returns the exit
     status), as the other ``fpsim`` subcommands. In ``fpsim/cli.py``'s ``build_parser``::
 
-        from fpsim.kernels.validate import add_parser as add_validate_kernels
+        from .validate import add_parser as add_validate_kernels
 
         add_validate_kernels(sub)
 

@@ -1,7 +1,7 @@
 """Shared oracles and test data for the fpsim tests.
 
 The oracles here never call the code under test (``fpsim.encode`` / ``fpsim.decode``): code
-classes (NaN or not) come from the scalar tier :func:`fpsim.reference.decode_scalar`, and the
+classes (NaN or not) come from the scalar tier :func:`fpsim.emulate.reference.decode_scalar`, and the
 reference casts from ml_dtypes / numpy.
 """
 
@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 from fpsim import FORMATS, Format, IntFormat, RoundMode, get_format
-from fpsim.reference import decode_scalar
+from fpsim.emulate.reference import decode_scalar
 
 # --- format and mode lists (for parametrize) ----------------------------------------------
 
@@ -363,7 +363,7 @@ def random_f32() -> np.ndarray:
 
 def scalar_codes(x, fmt, **kwargs) -> np.ndarray:
     """``encode_scalar`` applied element by element (random_bits as an array of x's shape)."""
-    from fpsim.reference import encode_scalar
+    from fpsim.emulate.reference import encode_scalar
 
     fmt = get_format(fmt)
     x = np.asarray(x)

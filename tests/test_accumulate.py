@@ -15,8 +15,8 @@ from accumulate_refs import reduce_ref, round_frac
 
 import fpsim.accumulate as fa
 from fpsim import FORMATS, BlockFormat, RoundMode, ScaleRule, decode
-from fpsim.reference import decode_scalar
-from fpsim.scaling import encode_blocks
+from fpsim.emulate.blocks import encode_blocks
+from fpsim.emulate.reference import decode_scalar
 
 MODES = [m.value for m in RoundMode]
 F32, F16, BF16 = FORMATS["float32"], FORMATS["float16"], FORMATS["bfloat16"]
@@ -180,7 +180,7 @@ def test_stochastic_seed_bits_and_product_rounding_match_reference():
         accumulator=P14, rounding="stochastic", product_format="bfloat16", product_rounding="stochastic"
     )
     got = fa.dot(a, b, seed=11, **kw)
-    from fpsim.metrics import random_bits_at
+    from fpsim.analysis.metrics import random_bits_at
 
     for o in range(2):
         terms = []
@@ -247,7 +247,7 @@ def test_input_formats_and_block_recipes():
     ab, bb = a.astype(ml_dtypes.bfloat16), b.astype(ml_dtypes.bfloat16)
     assert np.array_equal(q, fa.matmul(ab, bb))
     got = fa.matmul(a, b, input_format=("mxfp8_e4m3", "float8_e5m2"))
-    from fpsim.scaling import decode_blocks
+    from fpsim.emulate.blocks import decode_blocks
 
     qa = decode_blocks(encode_blocks(a, "mxfp8_e4m3"), "mxfp8_e4m3")
     assert np.array_equal(got, fa.matmul(qa, b.astype(ml_dtypes.float8_e5m2)))

@@ -8,7 +8,7 @@ import json
 import pandas as pd
 import pytest
 
-from fpsim import accumulate_cli
+from fpsim.cli import accumulate as accumulate_cli
 from fpsim.trace import sample_trace_path
 
 

@@ -1,4 +1,4 @@
-"""``fpsim analyze`` and :func:`fpsim.analyze.analyze` on real traces.
+"""``fpsim analyze`` and :func:`fpsim.analysis.run.analyze` on real traces.
 
 Oracles: ml_dtypes casts of tensors read with the ``safetensors`` library (not fpsim's
 reader) for the bundled trace, and gradients copied straight out of a torch training loop for
@@ -15,8 +15,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from fpsim.analyze import analyze
-from fpsim.cli import main
+from fpsim.analysis import analyze
+from fpsim.cli.app import main
 from fpsim.trace import TraceWriter, sample_trace_path
 
 PLAIN = {

@@ -224,7 +224,7 @@ def test_decode_errors():
 
 
 def test_element_format_is_not_a_block_format():
-    from fpsim.scaling import encode_blocks
+    from fpsim.emulate.blocks import encode_blocks
 
     with pytest.raises(TypeError, match=r"float8_e4m3fn is an element format"):
         encode_blocks(np.ones(4, F32), "float8_e4m3fn")

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 import fpsim
-from fpsim.cli import main
+from fpsim.cli.app import main
 
 
 def test_formats_table_lists_every_format(capsys):
@@ -46,7 +46,10 @@ def test_formats_json_matches_the_formats(capsys):
 
 def test_console_script_runs():
     out = subprocess.run(
-        [sys.executable, "-m", "fpsim.cli", "formats", "--json"], capture_output=True, text=True, check=True
+        [sys.executable, "-m", "fpsim.cli.app", "formats", "--json"],
+        capture_output=True,
+        text=True,
+        check=True,
     ).stdout
     assert json.loads(out)[0]["name"] == "float32"
 
@@ -61,7 +64,7 @@ def test_exhaustive_on_a_slice_reports_no_mismatch(fmt, capsys):
 
 def test_exhaustive_reports_an_injected_disagreement(capsys, monkeypatch):
     """An encoder that is wrong on exactly two inputs: both are counted and the first named."""
-    import fpsim.exhaustive as ex
+    import fpsim.analysis.exhaustive as ex
 
     right = ex._encoder
 

@@ -20,7 +20,7 @@ from conftest import (
 
 import fpsim
 from fpsim import Format, IntFormat, get_format
-from fpsim.reference import decode_scalar
+from fpsim.emulate.reference import decode_scalar
 
 
 def all_codes(fmt) -> np.ndarray:

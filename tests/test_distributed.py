@@ -1,4 +1,4 @@
-"""``fpsim.distributed.analyze_distributed`` against the single-process ``fpsim.analyze.analyze``.
+"""``fpsim.distributed.analyze_distributed`` against the single-process ``fpsim.analysis.analyze``.
 
 The oracle is the single-process run: every partial (counts, exact rational sums, maxima,
 histograms, swamping) and every key, in order, must be equal -- no tolerance. The cluster is a
@@ -19,11 +19,11 @@ import pytest
 distributed = pytest.importorskip("distributed")
 pytest.importorskip("fsspec")
 
-from fpsim import distributed as fd  # noqa: E402
-from fpsim.analyze import Analysis, analyze  # noqa: E402
+from fpsim.analysis.metrics import CHUNK, random_bits_at  # noqa: E402
+from fpsim.analysis import Analysis, analyze  # noqa: E402
+from fpsim.cli.distributed import add_dask_argument, run_analyze  # noqa: E402
 from fpsim.distributed import analyze_distributed, replay_distributed  # noqa: E402
-from fpsim.distributed_cli import add_dask_argument, run_analyze  # noqa: E402
-from fpsim.metrics import CHUNK, random_bits_at  # noqa: E402
+from fpsim.distributed import executor as fd  # noqa: E402
 from fpsim.replay import PRESETS, ReplayResult, replay  # noqa: E402
 from fpsim.trace import TraceError, TraceWriter, open_trace, sample_trace_path  # noqa: E402
 from fpsim.trace.safetensors_io import write_safetensors  # noqa: E402

@@ -39,7 +39,7 @@ from conftest import (
 
 import fpsim
 from fpsim import Encoding, get_format
-from fpsim.reference import encode_scalar
+from fpsim.emulate.reference import encode_scalar
 
 ML_FLOAT_FORMATS = [f for f in FLOAT_FORMATS if ml_dtype_or_none(f) is not None]
 NO_NAN_FORMATS = [f for f in FLOAT_FORMATS if f.encoding is Encoding.FINITE]

@@ -8,11 +8,12 @@ import numpy as np
 import pytest
 
 import fpsim
-from fpsim import _compiled, _fused
-from fpsim.blockformat import RECIPES, Codebook
+from fpsim import _compiled
+from fpsim.emulate.blocks import encode_decode_blocks
+from fpsim.formats import RECIPES, Codebook
 from fpsim.optim import SGD, Adam, AdamW
-from fpsim.replay import _state_sums, _zero_counts
-from fpsim.scaling import encode_decode_blocks
+from fpsim.replay import fused as _fused
+from fpsim.replay.engine import _state_sums, _zero_counts
 
 pytest.importorskip("numba")
 
@@ -137,8 +138,8 @@ def test_replay_with_and_without_compiled_loops(tmp_path, numpy_only, monkeypatc
                 for k, sh in shapes.items()
             }
             w.write_step(s, {"grad": g, **({"param": p0} if s == 1 else {})}, lr=1e-3)
-    from fpsim.lossscale import LossScaler
     from fpsim.replay import PRESETS, ReplayConfig
+    from fpsim.replay import LossScaler
 
     # 8-bit states with FP16 gradients and a loss scale that overflows: skipped steps
     scaled = ReplayConfig(
@@ -299,7 +300,7 @@ def test_fused_step_declines_what_it_does_not_cover():
     assert attempt("mxfp8_e4m3", "mxfp8_e4m3") is None
     assert attempt("e4m3_block128", "e4m3_block128") is None
     assert attempt("mxint8", "int8_block256") is None
-    cpu = fpsim.replay.PRESETS["bnb-8bit-cpu"]
+    cpu = fpsim.replay.engine.PRESETS["bnb-8bit-cpu"]
     assert attempt(cpu.m, cpu.v) is None
     assert attempt("bnb_dynamic8_block256", "bnb_dynamic8u_block256", SGD()) is None
 
@@ -308,7 +309,7 @@ def test_fused_step_declines_what_it_does_not_cover():
 def test_compiled_statistics_equal_numpy(n):
     """tensor_stats / state_stats (tile sums in SIMD lanes) against the numpy statistics:
     counts exactly, float64 sums to rounding."""
-    from fpsim.replay import _param_sums, _update_counts
+    from fpsim.replay.engine import _param_sums, _update_counts
 
     rng = np.random.default_rng(n)
     old, ref, ref_old = (_special(rng, n, 1.0) for _ in range(3))
@@ -397,8 +398,8 @@ def test_fast_master_and_state_rounding_equals_the_emulator(fmt, mode, seed):
     loop) and float16 against fpsim.quantize (with random_bits_at): every
     element on special values (subnormals, ties, values that carry into the exponent or
     overflow to inf, inf, NaN; NaN by class)."""
-    from fpsim.metrics import random_bits_at
-    from fpsim.replay import _quantize
+    from fpsim.analysis.metrics import random_bits_at
+    from fpsim.replay.engine import _quantize
 
     rng = np.random.default_rng(seed % 1000)
     x = _special(rng, 100_003, 1.0)
@@ -424,7 +425,7 @@ def test_fast_master_and_state_rounding_equals_the_emulator(fmt, mode, seed):
 def test_fast_nearest_rounding_on_strided_float32_patterns(fmt):
     """The compiled nearest-even roundings against fpsim.quantize on every 61st float32 bit
     pattern (NaN by class)."""
-    from fpsim.replay import _quantize
+    from fpsim.replay.engine import _quantize
 
     x = np.arange(0, 1 << 32, 61, dtype=np.uint64).astype(np.uint32).view(np.float32)
     got = _quantize(x, fpsim.get_format(fmt), fpsim.RoundMode.NEAREST_EVEN)

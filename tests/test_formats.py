@@ -148,7 +148,7 @@ def test_invalid_formats_are_rejected_with_a_reason(kwargs, match):
 
 def test_wide_user_format_encodes_and_decodes_like_the_scalar_tier():
     """A 22-bit float32-range format with 14 significant bits (a tensor-core accumulator)."""
-    from fpsim.reference import decode_scalar, encode_scalar
+    from fpsim.emulate.reference import decode_scalar, encode_scalar
 
     fmt = dataclasses.replace(get_format("float32"), name="p14", mantissa_bits=13)
     x = np.random.default_rng(0).standard_normal(2000).astype(np.float32) * np.float32(1e-30)

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 import fpsim
-from fpsim.metrics import (
+from fpsim.analysis.metrics import (
     CHUNK,
     Partial,
     chunk_slices,

@@ -24,7 +24,7 @@ from conftest import (
 
 import fpsim
 from fpsim import RoundMode, get_format
-from fpsim.reference import encode_scalar
+from fpsim.emulate.reference import encode_scalar
 
 SR = RoundMode.STOCHASTIC
 # (mode, stochastic_bits): the stochastic mode twice, with the full word and with 3 bits

@@ -7,8 +7,8 @@ from fractions import Fraction
 import numpy as np
 import pytest
 
+from fpsim.emulate.reference import encode_scalar
 from fpsim.optim import SGD, Adam, AdamW, fma32, get_optimizer
-from fpsim.reference import encode_scalar
 
 
 def test_fma32_is_one_rounding_of_the_exact_value():

@@ -8,9 +8,9 @@ import json
 import numpy as np
 import pytest
 
-from fpsim.lossscale import LossScaler
 from fpsim.optim import Adam, AdamW
 from fpsim.replay import PRESETS, ReplayConfig, memory_table, replay
+from fpsim.replay import LossScaler
 from fpsim.trace import TraceWriter
 
 
@@ -179,7 +179,7 @@ def test_unknown_config_and_missing_lr_are_clear_errors(tmp_path):
 
 
 def test_cli_replay_json_and_files(tmp_path, capsys):
-    from fpsim.cli import main
+    from fpsim.cli.app import main
 
     out = tmp_path / "r"
     code = main(

@@ -776,8 +776,8 @@ def test_codebook_bucket_lookup_equals_searchsorted_on_every_bucket_edge(signed)
     """The O(1) nearest lookup (top 16 bits of the float32 pick a bucket) against numpy's
     searchsorted over the float32 midpoints, on both ends of every bucket, every midpoint and
     its neighbours, and random values."""
-    from fpsim.rounding import RoundMode
-    from fpsim.scaling import _codebook_round
+    from fpsim.emulate.blocks import _codebook_round
+    from fpsim.formats import RoundMode
 
     c = Codebook.bnb_dynamic(signed).table
     mid = (c[:-1] + c[1:]) / F32(2)

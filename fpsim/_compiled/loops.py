@@ -1,7 +1,7 @@
 """The compiled loops of the ``fast`` extra (numba), as module-level functions.
 
-Each function does what a numpy path of :mod:`fpsim.optim`, :mod:`fpsim.scaling` or
-:mod:`fpsim.replay` does, in one pass over memory instead of a dozen, and gives the same bits:
+Each function does what a numpy path of :mod:`fpsim.optim`, :mod:`fpsim.emulate.blocks` or
+:mod:`fpsim.replay.engine` does, in one pass over memory instead of a dozen, and gives the same bits:
 numba compiles without fast-math, so LLVM neither contracts a multiply and an add into an fma
 nor flushes subnormals, division and square root are IEEE (correctly rounded), and the fmas
 the optimizers need are LLVM's ``llvm.fma`` intrinsic (one rounding, IEEE 754 section 5.4.1).
@@ -110,10 +110,10 @@ def adam(p, g, m, v, po, mo, vo, mode, decay, omb1, omb2, b2, bc2, eps, neg_step
 
 @jit
 def bf16_round(x, stochastic, mix, start, out):
-    # fpsim.emulate.quantize(x, "bfloat16") nearest-even, or with stochastic rounding and
-    # random_bits=fpsim.metrics.random_bits_at(seed, start, n), mix = seed *
+    # fpsim.emulate.element.quantize(x, "bfloat16") nearest-even, or with stochastic rounding and
+    # random_bits=fpsim.analysis.metrics.random_bits_at(seed, start, n), mix = seed *
     # 0x9E3779B97F4A7C15 (SplitMix64 of mix + index, low 32 bits): the 16 discarded bits
-    # round away iff rem + (r >> 16) >= 2^16 (fpsim._bitcore._round with 32 random bits).
+    # round away iff rem + (r >> 16) >= 2^16 (fpsim.emulate._bitcore._round with 32 random bits).
     # A carry runs into the exponent (overflow gives inf, as IEEE 754 7.4 for these
     # modes). NaN inputs are left to the caller: returns how many there are (their
     # outputs are not set)
@@ -136,7 +136,7 @@ def bf16_round(x, stochastic, mix, start, out):
 
 @jit
 def f16_round(x, out):
-    # fpsim.emulate.quantize(x, "float16"), nearest-even: from 2^-14 up the mantissa
+    # fpsim.emulate.element.quantize(x, "float16"), nearest-even: from 2^-14 up the mantissa
     # rounded to 10 bits (a carry runs into the exponent; above 65504 the result is inf,
     # as IEEE 754 7.4), below it x * 2^24 rounded to an integer once by adding 2^23 (the
     # subnormal steps of 2^-24). NaN inputs are left to the caller: returns how many
@@ -181,9 +181,9 @@ def absmax(x):
 
 @jit
 def codebook_tile(x, block, first, base, thr, table, codes, absmaxes, values):
-    # fpsim.scaling._codebook (nearest) on whole blocks x (block `first` onwards): absmax,
+    # fpsim.emulate.blocks._codebook (nearest) on whole blocks x (block `first` onwards): absmax,
     # v = x * f32(1/max(a, 1e-38)), index = base[key] + (v > thr[key]) with key = the top
-    # 16 bits of v, and the decoded value table[index] * a (fpsim.scaling._decode_rows)
+    # 16 bits of v, and the decoded value table[index] * a (fpsim.emulate.blocks._decode_rows)
     # (every inner loop runs over slices from 0: an index of unknown sign makes numba check
     # it for wraparound, and such loops run several times slower)
     n = x.size
@@ -213,7 +213,7 @@ def amax_nan(x):
 
 @jit
 def e4m3_code(v):
-    # float32 -> float8_e4m3fn, nearest-even, saturating (fpsim.emulate.encode with
+    # float32 -> float8_e4m3fn, nearest-even, saturating (fpsim.emulate.element.encode with
     # saturate=True): NaN -> S.1111.111, |v| > 448 -> 448, below 2^-6 subnormal steps of
     # 2^-9 (an integer multiple of 2^-9 rounded once by adding 2^23), else the mantissa
     # rounded to 3 bits; branch-free (selects), so that loops of it vectorize
@@ -237,7 +237,7 @@ def int8_code(v):
 
 @jit
 def te_block(pow2, xs, eps, elem_max, cs, vs, table):
-    # fpsim.scaling._prescale (ScaleRule.TE, recipe_common.cuh compute_scale_from_amax) of
+    # fpsim.emulate.blocks._prescale (ScaleRule.TE, recipe_common.cuh compute_scale_from_amax) of
     # one block: amax (fmaxf, NaN skipped), at least eps; scale = elem_max / amax, 1 for an
     # amax of 0, inf or NaN, FLT_MAX for an infinite quotient, pow2: the mantissa cleared;
     # elements x * scale cast nearest-even saturating; returns the decode scale 1 / scale
@@ -258,7 +258,7 @@ def te_block(pow2, xs, eps, elem_max, cs, vs, table):
 
 @jit
 def absmax_tile(kind, x, block, first, eps, elem_max, table, codes, scales, values):
-    # fpsim.scaling._prescale (ScaleRule.ABSMAX) with an int8 symmetric (kind 1) or
+    # fpsim.emulate.blocks._prescale (ScaleRule.ABSMAX) with an int8 symmetric (kind 1) or
     # float8_e4m3fn (kind 2) element on whole blocks: amax (NaN propagates), s =
     # f32(max(amax, eps) / elem_max), elements x / (s or 1) cast nearest-even saturating,
     # and the decoded value table[code] * s
@@ -305,7 +305,7 @@ def codebook_encode(x, block, base, thr, table, codes, absmax, values, want_valu
 
 @jit
 def table_decode(codes, table, scales, block, out):
-    # fpsim.scaling._decode_rows of 8-bit elements with an FP32 scale per block (codebooks,
+    # fpsim.emulate.blocks._decode_rows of 8-bit elements with an FP32 scale per block (codebooks,
     # int8, float8_e4m3fn): table[code] * scale, the table holding each code's value
     n = codes.size
     for b in range(scales.size):
@@ -365,7 +365,7 @@ def diff_dot(a, a0, b, b0):
 
 @jit
 def tensor_stats(f, old, new, ref, ref_old, sums):
-    # fpsim.replay._update_counts and _param_sums: counts of changed and of swallowed
+    # fpsim.replay.engine._update_counts and _param_sums: counts of changed and of swallowed
     # updates; sum d^2, sum ref^2, u.ur, u.u, ur.ur (float64) tile by tile
     n = new.size
     updates = swamped = 0
@@ -385,7 +385,7 @@ def tensor_stats(f, old, new, ref, ref_old, sums):
 
 @jit
 def tile_state_stats(exact, stored, ref, counts, sums, j):
-    # fpsim.replay._zero_counts and _state_sums of one tile, into counts[j:j+2], sums[j:j+2]
+    # fpsim.replay.engine._zero_counts and _state_sums of one tile, into counts[j:j+2], sums[j:j+2]
     a, b = zero_counts(exact, stored)
     counts[j] += a
     counts[j + 1] += b
@@ -460,7 +460,7 @@ def adam_blocks(
     eps,
     neg_step,
 ):
-    # One Adam step with both moments in 8-bit blocks (fpsim.replay semantics 2-3), tile by
+    # One Adam step with both moments in 8-bit blocks (fpsim.replay.engine semantics 2-3), tile by
     # tile of whole blocks: decode (table[code] * scale), the adam loop above, encode_tile
     # on each new moment (codes and scales in place), then the state statistics of
     # state_stats against the reference's moments

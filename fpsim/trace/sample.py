@@ -19,7 +19,7 @@ the last ``window`` steps (191, ..., 200) the trace records,
 used for this update. So each recorded step holds exactly the inputs of its Adam update.
 
 Run ``python -m fpsim.trace.sample OUT [--overwrite]``; the bundled copy lives in
-``fpsim/data/sample_trace`` (see :func:`fpsim.trace.sample_trace_path`). Generation is
+``fpsim/trace/data/sample_trace`` (see :func:`fpsim.trace.sample_trace_path`). Generation is
 deterministic: one thread, deterministic algorithms and fixed seeds give byte-identical
 files on the same machine and torch version (other CPUs may differ in the last bits).
 torch is needed only to generate, not to read the trace.

@@ -23,8 +23,11 @@ from fpsim.kernels.validate import _f32_fields  # noqa: E402
 
 import fpsim  # noqa: E402
 from fpsim.accumulate import accumulator_format, rounding_count  # noqa: E402
-from fpsim.formats import FORMATS, Format  # noqa: E402
-from fpsim.rounding import RoundMode  # noqa: E402
+from fpsim.formats import (  # noqa: E402
+    FORMATS,
+    Format,
+    RoundMode,  # noqa: E402
+)
 
 ACCUMULATORS = [n for n, f in FORMATS.items() if isinstance(f, Format) and f.signed and f.has_zero]
 ACCUMULATORS += [14, 16, 24]

@@ -1,4 +1,4 @@
-"""Block-quantization kernels (fpsim.kernels.blocks) against fpsim.scaling.encode_blocks, bit for bit.
+"""Block-quantization kernels (fpsim.kernels.blocks) against fpsim.emulate.blocks.encode_blocks, bit for bit.
 
 Runs in Triton's CPU interpreter (conftest). Inputs hold ragged last blocks, an all-zero
 block, blocks with inf and NaN, float32 subnormals (MX scale exponents clamped at -127)
@@ -17,9 +17,13 @@ pytest.importorskip("triton")
 
 from fpsim.kernels import blocks  # noqa: E402
 
-from fpsim.blockformat import RECIPES, BlockFormat, ScaleRule  # noqa: E402
-from fpsim.formats import FORMATS  # noqa: E402
-from fpsim.scaling import encode_blocks as ref_encode  # noqa: E402
+from fpsim.emulate.blocks import encode_blocks as ref_encode  # noqa: E402
+from fpsim.formats import (  # noqa: E402
+    FORMATS,  # noqa: E402
+    RECIPES,
+    BlockFormat,
+    ScaleRule,
+)
 
 
 def _inputs(shape: tuple, seed: int = 0) -> np.ndarray:
@@ -174,7 +178,7 @@ def test_block_kernel_compiles_for_sm90(name, rounding):
         pytest.skip("this triton has no ASTSource/GPUTarget")
     from fpsim.kernels._loader import kernel_module
 
-    from fpsim.rounding import RoundMode
+    from fpsim.formats import RoundMode
 
     bf = RECIPES[name]
     mode = RoundMode.parse(rounding)
@@ -217,11 +221,12 @@ def test_block_kernel_compiles_for_sm90(name, rounding):
     "name", ["mxfp8_e4m3", "nvfp4", "int8_block256", "bnb_dynamic8_block256", "e4m3_tensor"]
 )
 def test_metrics_tally_kernel(name):
-    """Counts and maxima equal fpsim.metrics' exactly; float sums within kernels.metrics.sum_bound."""
+    """Counts and maxima equal fpsim.analysis.metrics' exactly; float sums within
+    kernels.metrics.sum_bound."""
     from fpsim.kernels.metrics import sum_bound, tally
 
-    from fpsim import metrics
-    from fpsim.scaling import decode_blocks
+    from fpsim.analysis import metrics
+    from fpsim.emulate.blocks import decode_blocks
 
     bf = RECIPES[name]
     rng = np.random.default_rng(4)

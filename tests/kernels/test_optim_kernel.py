@@ -5,7 +5,7 @@ against the replay.
   bit on every output (master codes, state codes, scale bits), several steps from realistic
   states: state recipes x master rounding x odd sizes, with zero blocks, tiny and huge
   gradients and inf/NaN gradients; NaNs compared by class.
-* ``adamw_step_reference`` and ``adamw_step`` against :func:`fpsim.replay.replay` on a
+* ``adamw_step_reference`` and ``adamw_step`` against :func:`fpsim.replay.engine.replay` on a
   trace written here (8-bit, FP8 and INT8 states, bfloat16 / float16 masters, nearest and
   stochastic rounding, a tensor below ``min_quantized_size``): the final parameters and
   states equal the replay's bit for bit, so twin == replay is proven, not assumed.
@@ -24,9 +24,9 @@ import numpy as np
 import pytest
 
 import fpsim
+from fpsim.formats import RoundMode
 from fpsim.optim import SGD, Adam, AdamW
 from fpsim.replay import ReplayConfig, replay
-from fpsim.rounding import RoundMode
 from fpsim.trace import TraceWriter
 
 torch = pytest.importorskip("torch")
@@ -361,7 +361,7 @@ def test_other_specialisations_compile(over):
 def test_validation_harness_passes_and_counts_a_wrong_kernel(monkeypatch):
     from fpsim.kernels import _validate_optim
 
-    from fpsim.blockformat import RECIPES
+    from fpsim.formats import RECIPES
 
     bf = RECIPES["fp8_e4m3_block256"]
     cases = _validate_optim.run(
@@ -439,7 +439,7 @@ def test_kernel_equals_twin_on_rounding_ties(recipe):
     ``x * (1 / s)`` or ``<`` and ``<=`` give different codes."""
     from fpsim.kernels._validate_optim import _ties
 
-    from fpsim.blockformat import RECIPES
+    from fpsim.formats import RECIPES
 
     g = _ties(RECIPES[recipe], np.random.default_rng(5))
     p = fpsim.encode(np.zeros_like(g), "bfloat16")

@@ -119,7 +119,7 @@ def test_input_sets_cover_the_edges():
         assert name in sets
     assert any(n.startswith("trace step") for n in sets) and any(s.transpose for s in sets.values())
     codes = sets["codes"].values
-    table = fpsim.emulate.decode_table(fpsim.get_format("float8_e4m3fn"))
+    table = fpsim.emulate.element.decode_table(fpsim.get_format("float8_e4m3fn"))
     assert (
         np.isin(table[np.isfinite(table)], codes).all() and np.isin(-table[np.isfinite(table)], codes).all()
     )

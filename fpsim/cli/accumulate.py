@@ -29,8 +29,8 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from . import accumulate as acc
-from .rounding import RoundMode
+from .. import accumulate as acc
+from ..formats import RoundMode
 
 __all__ = [
     "Setting",
@@ -175,7 +175,7 @@ def trace_sweep(
     ``ks`` defaults to 1, 2, 4, ... and the number of steps. Tensors are read per step (a
     trace larger than memory is read one step at a time per K).
     """
-    from .trace import open_trace
+    from ..trace import open_trace
 
     trace = open_trace(path)
     steps = trace.steps
@@ -266,7 +266,7 @@ def deepseek_sweep(
 
 def _scaled_reference(a: np.ndarray, b: np.ndarray, ra: str, rb: str) -> tuple[np.ndarray, np.ndarray]:
     """Exact ``sum_j s_a s_b sum_{k in block j} qa qb`` (to float64) and ``sum |terms|``."""
-    from .formats import get_format
+    from ..formats import get_format
 
     va, (ka, sa), ta = acc._blocked_operand(a, get_format(ra), "nearest_even", None, "a")
     vb, (kb, sb), tb = acc._blocked_operand(
@@ -324,7 +324,7 @@ def table_text(df: pd.DataFrame) -> str:
 def error_figure(df: pd.DataFrame, title: str):
     """Max and mean elementwise relative error and the norm-wise (L2) relative error vs K
     (log-log), one line per setting."""
-    from .plotting import new_figure, palette, style
+    from ..report.style import new_figure, palette, style
 
     keys = ("max_rel_err", "mean_rel_err", "rel_l2_err")
     names = ("max relative error", "mean relative error", "relative L2 error (norm-wise)")

@@ -3,7 +3,7 @@
 A :class:`BlockFormat` describes every scaling scheme fpsim emulates: per-tensor current
 scaling, per-row/column scales, 1-D blocks and 2-D tiles with FP32 scales (Transformer
 Engine, DeepSeek-V3), MX formats (OCP Microscaling v1.0), NVFP4, block-INT8 and the
-bitsandbytes dynamic codebook. The arithmetic lives in :mod:`fpsim.scaling`; this module is
+bitsandbytes dynamic codebook. The arithmetic lives in :mod:`fpsim.emulate.blocks`; this module is
 description only. Presets are reachable by name through :func:`fpsim.get_format`.
 """
 
@@ -18,7 +18,7 @@ from types import MappingProxyType
 import numpy as np
 
 from . import _codebooks
-from .formats import FORMATS, Format, IntFormat
+from .element import FORMATS, Format, IntFormat
 
 __all__ = ["ScaleRule", "Codebook", "BlockFormat", "RECIPES"]
 

@@ -37,16 +37,16 @@ from typing import Any
 
 import numpy as np
 
-from . import _compiled, _fused, emulate
-from .blockformat import RECIPES, BlockFormat, Codebook
-from .codec import decode, encode
-from .delayed import DelayedScaling
-from .formats import Format, get_format
+from .. import _compiled
+from ..analysis.metrics import random_bits_at
+from ..emulate import decode, encode
+from ..emulate import element as emulate
+from ..emulate.blocks import encode_decode_blocks
+from ..emulate.delayed import DelayedScaling
+from ..formats import RECIPES, BlockFormat, Codebook, Format, RoundMode, get_format
+from ..optim import AdamW, Optimizer
+from . import fused as _fused
 from .lossscale import LossScaler, ScalerState
-from .metrics import random_bits_at
-from .optim import AdamW, Optimizer
-from .rounding import RoundMode
-from .scaling import encode_decode_blocks
 
 __all__ = ["ReplayConfig", "ReplayResult", "replay", "PRESETS", "memory_table"]
 
@@ -355,7 +355,7 @@ def replay(
 
     from tqdm.auto import tqdm
 
-    from .trace import Trace, open_trace, sample_trace_path
+    from ..trace import Trace, open_trace, sample_trace_path
 
     tr = trace if isinstance(trace, Trace) else open_trace(sample_trace_path() if trace is None else trace)
     optimizer = optimizer or AdamW()
@@ -600,7 +600,7 @@ def _step_config(run, optimizer, step, lr, grads, params, ref_new, seed, result,
 
 
 def _fused_steps(run, optimizer, step, lr, grads, ref_new, pool) -> dict[str, _fused.FusedStep]:
-    """The fused compiled updates (:mod:`fpsim._fused`) of the tensors they cover, piece by
+    """The fused compiled updates (:mod:`fpsim.replay.fused`) of the tensors they cover, piece by
     piece in the thread pool (a large tensor is not left to one thread)."""
     plans = {}
     for name, g in grads.items():

@@ -1,7 +1,7 @@
 """Analyse a gradient trace: every tensor of every step under every format and recipe.
 
 :func:`analyze` streams a trace (tensor by tensor, chunk by chunk, memory-mapped) through
-:mod:`fpsim.metrics` and returns an :class:`Analysis` holding the mergeable partials, from
+:mod:`fpsim.analysis.metrics` and returns an :class:`Analysis` holding the mergeable partials, from
 which :meth:`Analysis.table` builds the tidy pandas table (one row per step x tensor x
 format x rounding x metric) and :meth:`Analysis.summary` the totals per format.
 """
@@ -16,10 +16,8 @@ from typing import Any
 
 import numpy as np
 
-from .blockformat import BlockFormat
-from .formats import Format, IntFormat, get_format
+from ..formats import BlockFormat, Format, IntFormat, RoundMode, get_format
 from .metrics import Partial, SwampPartial, measure, measure_swamping
-from .rounding import RoundMode
 
 __all__ = ["Analysis", "analyze", "DEFAULT_FORMATS"]
 
@@ -146,7 +144,7 @@ def analyze(
     """
     from tqdm.auto import tqdm
 
-    from .trace import Trace, open_trace, sample_trace_path
+    from ..trace import Trace, open_trace, sample_trace_path
 
     tr = trace if isinstance(trace, Trace) else open_trace(sample_trace_path() if trace is None else trace)
     fmts = [get_format(f) for f in formats]

@@ -1,9 +1,9 @@
 """Fused compiled step: Adam/AdamW with both moments in 8-bit blocks.
 
-The replay's update of one tensor with 8-bit block states (module doc of :mod:`fpsim.replay`,
+The replay's update of one tensor with 8-bit block states (module doc of :mod:`fpsim.replay.engine`,
 semantics 2 and 3) is, on the generic path, five passes over memory: decode both moments,
 :meth:`fpsim.optim.Adam.step`, encode and decode each new moment
-(:func:`fpsim.scaling.encode_decode_blocks`), and the state statistics. :func:`adam_block_step`
+(:func:`fpsim.emulate.blocks.encode_decode_blocks`), and the state statistics. :func:`adam_block_step`
 does all of it in one compiled loop (:mod:`fpsim._compiled.loops`, numba) that works through the
 tensor in cache-sized tiles of whole blocks and gives the generic path's bits: the same
 parameters, codes and scales (NaN scales by class), the same zero counts, and the same
@@ -32,11 +32,10 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from . import _compiled, emulate, optim
-from .blockformat import RECIPES, BlockFormat, Codebook, ScaleRule
-from .formats import get_format
-from .rounding import RoundMode
-from .scaling import BlockCodes, _compiled_codebook, _geometry, _nearest_buckets
+from .. import _compiled, optim
+from ..emulate import element as emulate
+from ..emulate.blocks import BlockCodes, _compiled_codebook, _geometry, _nearest_buckets
+from ..formats import RECIPES, BlockFormat, Codebook, RoundMode, ScaleRule, get_format
 
 __all__ = ["FusedStep", "Plan", "adam_block_step", "decode_state", "encode_state", "plan", "run_piece"]
 

@@ -2,7 +2,7 @@
 
 Only integer operations on the input's IEEE 754 bit pattern, so the result does not depend
 on the host's floating-point environment and the same code runs under ``jax.jit``. The
-rounding, overflow and flush rules are those of :mod:`fpsim.reference` (tier 1), which the
+rounding, overflow and flush rules are those of :mod:`fpsim.emulate.reference` (tier 1), which the
 tests compare this against for every mode.
 
 A finite source value is ``sig * 2**qs`` with an integer significand ``sig``. Its quantum in
@@ -18,8 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from .formats import Encoding, Format, IntFormat
-from .rounding import RoundMode
+from ..formats import Encoding, Format, IntFormat, RoundMode
 
 _R = RoundMode
 

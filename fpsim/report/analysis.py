@@ -1,8 +1,8 @@
-"""Reports of an :class:`~fpsim.analyze.Analysis`: a printed table, CSV, JSON, Markdown, figures.
+"""Reports of an :class:`~fpsim.analysis.run.Analysis`: a printed table, CSV, JSON, Markdown, figures.
 
 Consumes only the analysis tables (DESIGN.md: plotting and printing only consume them).
 Figures are drawn on ``matplotlib.figure.Figure`` objects (no global pyplot state, no
-display needed) in the shared style of :mod:`fpsim.plotting`.
+display needed) in the shared style of :mod:`fpsim.report.style`.
 """
 
 from __future__ import annotations
@@ -14,8 +14,8 @@ from typing import Any
 
 import numpy as np
 
-from .analyze import Analysis
-from .formats import get_format
+from ..analysis.run import Analysis
+from ..formats import get_format
 
 __all__ = ["summary_text", "write_report"]
 
@@ -50,7 +50,7 @@ def _rows(summary: dict[str, Any]) -> list[dict[str, Any]]:
 
 def summary_text(analysis: Analysis) -> str:
     """The readable summary table that ``fpsim analyze`` prints."""
-    from .plotting import text_table
+    from .style import text_table
 
     s = analysis.summary()
     cells = [[_fmt(spec, r.get(key)) for key, _, spec in _COLUMNS] for r in _rows(s)]
@@ -75,7 +75,7 @@ def write_report(analysis: Analysis, out: str | Path) -> dict[str, Path]:
     table.to_csv(paths["csv"], index=False)
     summary = analysis.summary()
     paths["json"].write_text(json.dumps(summary, indent=2) + "\n")
-    from .plotting import style
+    from .style import style
 
     figs = {"histogram": out / "magnitudes.png", "underflow": out / "underflow_by_tensor.png"}
     with style():
@@ -122,7 +122,7 @@ def _save(fig: Any, path: Path) -> None:
 
 def magnitude_figure(analysis: Analysis):
     """log2-magnitude histogram of all tensors, with each format's range marked."""
-    from .plotting import new_figure, palette
+    from .style import new_figure, palette
 
     fig, ax = new_figure(figsize=(8, 4))
     total = sum(analysis.hist.values(), np.zeros(256, np.int64))
@@ -150,7 +150,7 @@ def magnitude_figure(analysis: Analysis):
 
 
 def _element(name: str):
-    from .formats import Format
+    from ..formats import Format
 
     f = get_format(name)
     return f if isinstance(f, Format) else None
@@ -158,7 +158,7 @@ def _element(name: str):
 
 def underflow_figure(analysis: Analysis):
     """Share of nonzero elements that underflow, per tensor (rows) and step (columns)."""
-    from .plotting import new_figure
+    from .style import new_figure
 
     keys = sorted({(k[1], k[2]) for k in analysis.results})
     steps = sorted({k[0] for k in analysis.results})

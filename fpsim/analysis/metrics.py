@@ -34,11 +34,9 @@ from typing import Any
 
 import numpy as np
 
-from . import emulate
-from .blockformat import BlockFormat, Codebook, ScaleRule
-from .formats import Format, IntFormat, get_format
-from .rounding import RoundMode
-from .scaling import decode_blocks, encode_blocks
+from ..emulate import element as emulate
+from ..emulate.blocks import decode_blocks, encode_blocks
+from ..formats import BlockFormat, Codebook, Format, IntFormat, RoundMode, ScaleRule, get_format
 
 __all__ = [
     "chunk_view",

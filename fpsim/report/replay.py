@@ -6,7 +6,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from .replay import ReplayResult, memory_table
+from ..replay.engine import ReplayResult, memory_table
 
 __all__ = ["replay_text", "write_replay_report"]
 
@@ -27,7 +27,7 @@ def _cell(spec: str, v: Any) -> str:
 
 
 def replay_text(result: ReplayResult) -> str:
-    from .plotting import text_table
+    from .style import text_table
 
     s = result.summary()
     rows = [[_cell(spec, r[k]) for k, _, spec in _COLS] for r in s["results"]]
@@ -39,7 +39,7 @@ def write_replay_report(result: ReplayResult, out: str | Path) -> dict[str, Path
     """replay.csv (tidy per step x tensor x config), summary.json, memory.csv, report.md, curves."""
     import pandas as pd
 
-    from .plotting import new_figure, palette, style
+    from .style import new_figure, palette, style
 
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)

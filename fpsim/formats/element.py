@@ -25,7 +25,6 @@ __all__ = [
     "IntFormat",
     "AnyFormat",
     "FORMATS",
-    "get_format",
 ]
 
 
@@ -301,26 +300,3 @@ _BUILTIN: tuple[AnyFormat, ...] = (
 
 FORMATS: Mapping[str, AnyFormat] = MappingProxyType({f.name: f for f in _BUILTIN})
 """The built-in formats by name (read-only). Define others with :class:`Format`."""
-
-
-def get_format(fmt):
-    """Return the format or block recipe named ``fmt``; a format object passes through.
-
-    Looks in :data:`FORMATS` (element formats) and :data:`fpsim.blockformat.RECIPES`
-    (block formats such as ``mxfp8_e4m3``).
-
-    Raises:
-        ValueError: for an unknown name; the message lists the known names.
-        TypeError: for anything that is neither a name nor a format.
-    """
-    from .blockformat import RECIPES, BlockFormat  # recipes are built from these formats
-
-    if isinstance(fmt, (Format, IntFormat, BlockFormat)):
-        return fmt
-    if isinstance(fmt, str):
-        found = FORMATS.get(fmt) or RECIPES.get(fmt)
-        if found is None:
-            known = ", ".join([*FORMATS, *RECIPES])
-            raise ValueError(f"unknown format {fmt!r}; known formats: {known}")
-        return found
-    raise TypeError(f"format must be a name or a Format, got {type(fmt).__name__}: {fmt!r}")

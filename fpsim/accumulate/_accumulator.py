@@ -14,9 +14,8 @@ from typing import Any
 
 import numpy as np
 
-from . import emulate
-from .formats import FORMATS, Encoding, Format, get_format
-from .rounding import RoundMode
+from ..emulate import element as emulate
+from ..formats import FORMATS, Encoding, Format, RoundMode, get_format
 
 _ORDERS = ("sequential", "pairwise", "blocked")
 _COMPENSATION = {False: None, None: None, True: "kahan", "kahan": "kahan", "neumaier": "neumaier"}

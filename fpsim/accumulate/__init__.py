@@ -54,7 +54,7 @@ right (a group's value is added to its parent group as soon as the group is comp
 after a chunk's root, its promotion rounding). :func:`rounding_count` gives the total.
 Rounding ``j`` of output element ``o`` (flat C index of the output) uses the low
 ``stochastic_bits`` bits of ``random_bits[j].flat[o]``, or of the word
-``fpsim.metrics.random_bits_at(4 * seed, j * n_out + o, 1)`` when ``seed`` is given.
+``fpsim.analysis.metrics.random_bits_at(4 * seed, j * n_out + o, 1)`` when ``seed`` is given.
 Products use ``random_bits_at(4 * seed + 1, k * n_out + o, 1)`` (also ``stochastic_bits``
 bits); inputs ``a`` (or ``x``) and ``b`` use ``4 * seed + 2`` and ``4 * seed + 3`` at their
 flat element index (32 bits, as :func:`fpsim.encode`).
@@ -72,9 +72,9 @@ float32 TwoSum and round-to-odd at 24 bits for accumulators of at most 22 bits (
 rounding then takes at most ``23 - p`` random bits), looping in the order defined here and
 contracting a multiply and an add only where the fused step is modelled.
 
-The rounding core and the schedule live in :mod:`fpsim._accumulator`, the exact references
-in :mod:`fpsim.exact`. Exactness of one rounded addition (see ``_Rounder.add``): for float64 operands ``u, v``
-the float64 sum ``s = u + v`` and its error ``e`` (Knuth's TwoSum) satisfy ``u + v = s + e``
+The rounding core and the schedule live in :mod:`fpsim.accumulate._accumulator`, the exact
+references in :mod:`fpsim.accumulate.exact`. Exactness of one rounded addition (see
+``_Rounder.add``): for float64 operands ``u, v`` the float64 sum ``s = u + v`` and its error ``e`` (Knuth's TwoSum) satisfy ``u + v = s + e``
 exactly. ``s`` is then replaced by the round-to-odd value ``RO53(u + v)``: ``s`` itself when
 ``e = 0`` or ``s`` is odd, else the odd neighbour of ``s`` on ``e``'s side. Rounding
 ``RO53(x)`` to ``p <= 51`` bits gives ``R(x)`` for every non-stochastic mode (Boldo and
@@ -96,7 +96,10 @@ from typing import Any
 
 import numpy as np
 
-from . import emulate
+from ..analysis.metrics import random_bits_at
+from ..emulate import element as emulate
+from ..emulate.blocks import decode_blocks, encode_blocks
+from ..formats import BlockFormat, Codebook, Format, IntFormat, RoundMode, get_format
 from ._accumulator import (
     _TILE,
     _as_f32,
@@ -110,12 +113,7 @@ from ._accumulator import (
     accumulator_format,
     rounding_count,
 )
-from .blockformat import BlockFormat, Codebook
 from .exact import error_summary, exact_dot, exact_matmul, exact_sum, relative_error
-from .formats import Format, IntFormat, get_format
-from .metrics import random_bits_at
-from .rounding import RoundMode
-from .scaling import decode_blocks, encode_blocks
 
 __all__ = [
     "AccumulationInfo",
@@ -533,7 +531,7 @@ def scaled_matmul(
     """``a @ b`` of block-quantized operands with scales applied to partial sums.
 
     ``a`` (M, K) is encoded with ``recipe_a`` (blocks over its last axis, K) and ``b``
-    (K, N) as ``b^T`` (N, K) with ``recipe_b`` (:func:`fpsim.scaling.encode_blocks`), e.g.
+    (K, N) as ``b^T`` (N, K) with ``recipe_b`` (:func:`fpsim.emulate.blocks.encode_blocks`), e.g.
     DeepSeek-V3's ``"e4m3_block128"`` (1x128 activation tiles) and ``"e4m3_tile128"``
     (128x128 weight blocks), or ``"mxfp8_e4m3"`` for both. Then, as DeepSeek-V3 section
     3.3.2 and DeepGEMM compute it:

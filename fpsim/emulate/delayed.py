@@ -28,10 +28,9 @@ from typing import Any
 
 import numpy as np
 
-from . import emulate
-from .formats import Format, get_format
-from .rounding import RoundMode
-from .scaling import BlockCodes, _as_f32
+from ..formats import Format, RoundMode, get_format
+from . import element as emulate
+from .blocks import BlockCodes, _as_f32
 
 __all__ = ["DelayedScaling", "DelayedState"]
 

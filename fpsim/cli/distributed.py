@@ -1,7 +1,7 @@
 """Command-line helpers for running ``fpsim analyze`` on Dask (``--dask local|ADDRESS``).
 
 :func:`add_dask_argument` adds the options to a parser and :func:`run_analyze` runs the
-analysis they ask for with :func:`fpsim.distributed.analyze_distributed`. Importing this
+analysis they ask for with :func:`fpsim.distributed.executor.analyze_distributed`. Importing this
 module imports neither dask nor distributed.
 """
 
@@ -62,12 +62,12 @@ def run_analyze(args: argparse.Namespace, formats: Sequence[Any]) -> Any:
             ``--recipe`` or the defaults).
 
     Returns:
-        The :class:`~fpsim.analyze.Analysis`, equal to the one ``fpsim.analyze.analyze`` gives.
+        The :class:`~fpsim.analysis.run.Analysis`, equal to the one ``fpsim.analysis.run.analyze`` gives.
 
     Raises:
         ValueError: ``args.dask`` is not set.
     """
-    from .distributed import analyze_distributed
+    from ..distributed.executor import analyze_distributed
 
     scheduler = getattr(args, "dask", None)
     if not scheduler:

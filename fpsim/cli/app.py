@@ -12,9 +12,7 @@ import json
 import sys
 from typing import Any
 
-from .blockformat import RECIPES, BlockFormat
-from .formats import FORMATS, AnyFormat, Format
-from .rounding import RoundMode
+from ..formats import FORMATS, RECIPES, AnyFormat, BlockFormat, Format, RoundMode
 
 __all__ = ["main", "format_rows"]
 
@@ -134,7 +132,7 @@ def _print_table(rows: list[dict[str, Any]]) -> None:
 
 
 def _print_cells(cells: list[list[str]], heads: list[str]) -> None:
-    from .plotting import text_table
+    from ..report.style import text_table
 
     print(text_table(heads, cells))
 
@@ -159,7 +157,7 @@ def _cmd_formats(args: argparse.Namespace) -> int:
 
 
 def _cmd_exhaustive(args: argparse.Namespace) -> int:
-    from .exhaustive import exhaustive_check
+    from ..analysis.exhaustive import exhaustive_check
 
     res = exhaustive_check(
         args.format, backend=args.backend, start=args.start, stop=args.stop, progress=not args.quiet
@@ -174,12 +172,12 @@ def _cmd_exhaustive(args: argparse.Namespace) -> int:
 
 
 def _cmd_analyze(args: argparse.Namespace) -> int:
-    from .analyze import DEFAULT_FORMATS, analyze
-    from .report import summary_text, write_report
+    from ..analysis.run import DEFAULT_FORMATS, analyze
+    from ..report.analysis import summary_text, write_report
 
     formats = [*(args.format or []), *(args.recipe or [])] or list(DEFAULT_FORMATS)
     if args.dask:
-        from .distributed_cli import run_analyze
+        from .distributed import run_analyze
 
         result = run_analyze(args, formats)
         return _emit(result.summary(), summary_text(result), write_report(result, args.out), args.json)
@@ -196,10 +194,10 @@ def _cmd_analyze(args: argparse.Namespace) -> int:
 
 
 def _cmd_replay(args: argparse.Namespace) -> int:
-    from .lossscale import LossScaler
-    from .optim import get_optimizer
-    from .replay import PRESETS, ReplayConfig, replay
-    from .replay_report import replay_text, write_replay_report
+    from ..optim import get_optimizer
+    from ..replay.engine import PRESETS, ReplayConfig, replay
+    from ..replay.lossscale import LossScaler
+    from ..report.replay import replay_text, write_replay_report
 
     configs: list = list(args.config or [])
     custom = {}
@@ -245,7 +243,7 @@ def _cmd_replay(args: argparse.Namespace) -> int:
 
 
 def _cmd_figures(args: argparse.Namespace) -> int:
-    from .figures import make_figures
+    from ..report.figures import make_figures
 
     for path in make_figures(args.out):
         print(path)
@@ -257,7 +255,7 @@ def _int(text: str) -> int:
 
 
 def _replay_presets() -> list[str]:
-    from .replay import PRESETS
+    from ..replay.engine import PRESETS
 
     return list(PRESETS)
 
@@ -311,7 +309,7 @@ def build_parser() -> argparse.ArgumentParser:
     a.add_argument("--json", action="store_true", help="print the JSON summary instead of the table")
     a.add_argument("--no-swamping", action="store_true", help="skip the swamping estimate")
     a.add_argument("--quiet", action="store_true", help="no progress bar")
-    from .distributed_cli import add_dask_argument
+    from .distributed import add_dask_argument
 
     add_dask_argument(a)
     a.set_defaults(run=_cmd_analyze)
@@ -341,8 +339,8 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--quiet", action="store_true", help="no progress bar")
     r.set_defaults(run=_cmd_replay)
 
-    from .accumulate_cli import add_parser as add_accumulate
-    from .kernels.validate import add_parser as add_validate_kernels  # imports neither torch nor triton
+    from ..kernels.validate import add_parser as add_validate_kernels  # imports neither torch nor triton
+    from .accumulate import add_parser as add_accumulate
 
     add_accumulate(sub)
     add_validate_kernels(sub)

@@ -1,10 +1,10 @@
 """Encode and decode with block formats: scales from block maxima, then element casts.
 
-Each rule of :class:`~fpsim.blockformat.ScaleRule` is written from its source (Transformer
+Each rule of :class:`~fpsim.formats.block.ScaleRule` is written from its source (Transformer
 Engine's recipe kernels, OCP MX v1.0 section 6.3, torchao's MX and low-bit optimizer code,
 bitsandbytes' blockwise quantization), with float32 arithmetic in the order those systems
 use, so the codes and scales match them bit for bit. Elements are cast with
-:func:`fpsim.emulate.encode` (saturating, any rounding mode). Tested against bitsandbytes,
+:func:`fpsim.emulate.element.encode` (saturating, any rounding mode). Tested against bitsandbytes,
 torchao and values worked out from the specs by hand.
 
 Blocks: the recipe's block shape covers the trailing axes (or the flattened tensor); a
@@ -20,10 +20,9 @@ from typing import Any
 
 import numpy as np
 
-from . import _compiled, emulate
-from .blockformat import BlockFormat, Codebook, ScaleRule
-from .formats import Format, get_format
-from .rounding import RoundMode
+from .. import _compiled
+from ..formats import BlockFormat, Codebook, Format, RoundMode, ScaleRule, get_format
+from . import element as emulate
 
 __all__ = ["BlockCodes", "encode_blocks", "decode_blocks"]
 
@@ -63,7 +62,7 @@ def encode_blocks(
     """Scale ``x`` block by block and cast the elements (saturating), see the module doc.
 
     ``tensor_amax``: for per-tensor recipes (``block=None``) and NVFP4, the amax of the
-    whole tensor when ``x`` is one chunk of it (fpsim.metrics streams tensors this way).
+    whole tensor when ``x`` is one chunk of it (fpsim.analysis.metrics streams tensors this way).
 
     Inputs are converted to float32 first (exact for float16/bfloat16; float64 is rounded
     to nearest), as the systems emulated here take float32 or narrower tensors. Rounding
@@ -382,7 +381,7 @@ def _bnb_lut(book: Codebook) -> np.ndarray:
 def _recipe(fmt: str | BlockFormat) -> BlockFormat:
     bf = get_format(fmt)
     if not isinstance(bf, BlockFormat):
-        raise TypeError(f"{bf.name} is an element format; use fpsim.encode / fpsim.emulate for it")
+        raise TypeError(f"{bf.name} is an element format; use fpsim.encode / fpsim.emulate.element for it")
     return bf
 
 

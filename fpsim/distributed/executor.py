@@ -1,7 +1,7 @@
-"""Analyse a trace on a Dask cluster: the same :class:`~fpsim.analyze.Analysis`, bit for bit.
+"""Analyse a trace on a Dask cluster: the same :class:`~fpsim.analysis.run.Analysis`, bit for bit.
 
-:func:`analyze_distributed` splits the work of :func:`fpsim.analyze.analyze` by step x tensor
-x canonical chunk (:func:`fpsim.metrics.chunk_slices`), runs it on Dask workers and merges
+:func:`analyze_distributed` splits the work of :func:`fpsim.analysis.run.analyze` by step x tensor
+x canonical chunk (:func:`fpsim.analysis.metrics.chunk_slices`), runs it on Dask workers and merges
 the mergeable partials on the client as they arrive.
 
 Guarantee: the result equals ``analyze(...)`` run in one process with the same arguments,
@@ -43,7 +43,7 @@ mapped and faulted in afresh (Dask's default ``MALLOC_TRIM_THRESHOLD_=65536`` ma
 analysis 3x slower here, see :data:`_MALLOC_ENV`); for a cluster of your own, put the same
 variables in ``distributed.nanny.pre-spawn-environ``.
 
-:func:`replay_distributed` runs :func:`fpsim.replay.replay` split by tensor (and by
+:func:`replay_distributed` runs :func:`fpsim.replay.engine.replay` split by tensor (and by
 configuration), with exactly the single-process result.
 """
 
@@ -61,10 +61,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from .analyze import DEFAULT_FORMATS, Analysis
-from .blockformat import BlockFormat
-from .formats import Format, IntFormat, get_format
-from .metrics import (
+from ..analysis.metrics import (
     CHUNK,
     Partial,
     SwampPartial,
@@ -75,13 +72,14 @@ from .metrics import (
     needs_tensor_amax,
     tensor_amax,
 )
-from .rounding import RoundMode
-from .trace.errors import TraceError
+from ..analysis.run import DEFAULT_FORMATS, Analysis
+from ..formats import BlockFormat, Format, IntFormat, RoundMode, get_format
+from ..trace.errors import TraceError
 
 if TYPE_CHECKING:  # pragma: no cover
     from distributed import Client
 
-    from .trace import Trace
+    from ..trace import Trace
 
 __all__ = ["analyze_distributed", "local_client", "replay_distributed"]
 
@@ -212,11 +210,11 @@ def _run_batch(
 def _swamp_chunk(
     theta: np.ndarray, delta: np.ndarray, fmt: Any, mode: RoundMode, seed: int, offset: int
 ) -> SwampPartial:
-    """:func:`~fpsim.metrics.measure_swamping` of one chunk (at most CHUNK elements) at ``offset``.
+    """:func:`~fpsim.analysis.metrics.measure_swamping` of one chunk (at most CHUNK elements) at ``offset``.
 
     ``measure_swamping`` draws the random bits of flat position ``i`` of its input, so for a
     chunk starting at ``offset`` the seed is shifted to give the bits of ``offset + i``:
-    :func:`~fpsim.metrics.random_bits_at` hashes ``i + seed * G (mod 2**64)`` with ``G``
+    :func:`~fpsim.analysis.metrics.random_bits_at` hashes ``i + seed * G (mod 2**64)`` with ``G``
     odd, so ``seed' = seed + offset * G**-1 (mod 2**64)`` does exactly that.
     """
     if theta.size > CHUNK:
@@ -232,7 +230,7 @@ def _amax_part(src: _Src, start: int, stop: int, storage_options: Mapping[str, A
 
 
 def _fmax_reduce(*parts: float) -> float:
-    """Combine per-chunk amaxes exactly as :func:`~fpsim.metrics.tensor_amax` does."""
+    """Combine per-chunk amaxes exactly as :func:`~fpsim.analysis.metrics.tensor_amax` does."""
     m = np.float32(0)
     for p in parts:
         m = np.fmax(m, np.float32(p))
@@ -264,8 +262,8 @@ class _Reader:
         """Elements ``start:stop`` of the flattened tensor, read-only, in the file's dtype."""
         if src.local_trace is not None:
             return _read_via_trace(src, start, stop)
-        from .trace.importers import split_key
-        from .trace.safetensors_io import numpy_dtype
+        from ..trace.importers import split_key
+        from ..trace.safetensors_io import numpy_dtype
 
         o = self._file(src.url)
         slot = o.slots.get(src.key)
@@ -314,14 +312,14 @@ class _Reader:
 
 def _read_slots(f: Any, url: str) -> dict[str, Any]:
     """The tensor slots of a safetensors file open in ``f``, validated like ``read_header``."""
-    from .trace.safetensors_io import read_header_from
+    from ..trace.safetensors_io import read_header_from
 
     return dict(read_header_from(f, url).tensors)
 
 
 @lru_cache(maxsize=2)
 def _local_trace(path: str, mtime_ns: int) -> Trace:
-    from .trace import open_trace
+    from ..trace import open_trace
 
     return open_trace(path)
 
@@ -368,7 +366,7 @@ class _Index:
 
 
 def _index(trace: Any, storage_options: Mapping[str, Any]) -> _Index:
-    from .trace import Trace, open_trace, sample_trace_path
+    from ..trace import Trace, open_trace, sample_trace_path
 
     if isinstance(trace, Trace):
         return _local_index(trace)
@@ -401,7 +399,7 @@ def _local_index(tr: Trace) -> _Index:
 
 def _remote_index(fs: Any, path: str, url: str, storage_options: dict[str, Any]) -> _Index:
     """Index a trace folder on an fsspec file system from its manifest (no tensor data read)."""
-    from .trace.reader import MANIFEST, TRACE_VERSION, _manifest_entries, parse_float
+    from ..trace.reader import MANIFEST, TRACE_VERSION, _manifest_entries, parse_float
 
     root = path[: -len(MANIFEST)].rstrip("/") if path.endswith("/" + MANIFEST) else path.rstrip("/")
     mpath = f"{root}/{MANIFEST}"
@@ -520,7 +518,7 @@ def _plan(
     seed: int,
     storage_options: Mapping[str, Any],
 ) -> _Plan:
-    """Validate the arguments as :func:`fpsim.analyze.analyze` does and lay out the work."""
+    """Validate the arguments as :func:`fpsim.analysis.run.analyze` does and lay out the work."""
     index = _index(trace, storage_options)
     fmts = [get_format(f) for f in formats]
     if not fmts:
@@ -724,7 +722,7 @@ def analyze_distributed(
     storage_options: Mapping[str, Any] | None = None,
     progress: bool = True,
 ) -> Analysis:
-    """:func:`fpsim.analyze.analyze` on a Dask cluster, with exactly the same result.
+    """:func:`fpsim.analysis.run.analyze` on a Dask cluster, with exactly the same result.
 
     The work is split by step x tensor x canonical chunk; workers read their chunks from the
     trace files themselves; the partials are merged on the client. See the module docstring
@@ -752,7 +750,7 @@ def analyze_distributed(
         progress: show a progress bar (tqdm.auto).
 
     Returns:
-        The :class:`~fpsim.analyze.Analysis` ``analyze`` returns for the same arguments.
+        The :class:`~fpsim.analysis.run.Analysis` ``analyze`` returns for the same arguments.
 
     Raises:
         fpsim.trace.TraceError: a missing, truncated or inconsistent trace file (also when a
@@ -777,8 +775,8 @@ def _replay_part(
     path: str, names: Sequence[str] | None, configs: Sequence[Any], kw: Mapping[str, Any]
 ) -> Any:
     """Replay ``configs`` on the tensors ``names`` of the trace at ``path`` (runs on a worker)."""
-    from .replay import replay
-    from .trace import open_trace
+    from ..replay.engine import replay
+    from ..trace import open_trace
 
     return replay(open_trace(path), configs, tensors=names, progress=False, **kw)
 
@@ -807,14 +805,14 @@ def replay_distributed(
     memory_limit: str | int | float | None = None,
     progress: bool = True,
 ) -> Any:
-    """:func:`fpsim.replay.replay` on a Dask cluster, split by tensor, with exactly the same result.
+    """:func:`fpsim.replay.engine.replay` on a Dask cluster, split by tensor, with exactly the same result.
 
     Every tensor's replay (the FP32 reference, each configuration's master copy, states and
     per-step statistics) depends on that tensor alone, except through a loss scaler, whose
     overflow check spans all tensors of a step. So configurations without a loss scaler run
     as tasks over groups of tensors (about ``2 x`` the cluster's threads, balanced by size),
     and those with one run as one task over all tensors. Workers open the trace themselves
-    (a local path, or one the workers share) and run :func:`~fpsim.replay.replay` on their
+    (a local path, or one the workers share) and run :func:`~fpsim.replay.engine.replay` on their
     part; the client puts the parts together in replay's order. The result equals the
     single-process one exactly: statistics, loss scales, skips, final parameters and states,
     and the order of every dict (so the per-step sums of :meth:`ReplayResult.per_step` agree
@@ -822,22 +820,22 @@ def replay_distributed(
 
     Args:
         trace: a trace path or :class:`fpsim.trace.Trace` (None: the bundled sample).
-        configs: :class:`~fpsim.replay.ReplayConfig` objects or preset names (None:
+        configs: :class:`~fpsim.replay.engine.ReplayConfig` objects or preset names (None:
             replay's default).
-        optimizer, lr, steps, seed: as for :func:`~fpsim.replay.replay`.
+        optimizer, lr, steps, seed: as for :func:`~fpsim.replay.engine.replay`.
         scheduler, n_workers, threads_per_worker, memory_limit: as for
             :func:`analyze_distributed`.
         progress: show a progress bar over the parts.
 
     Returns:
-        The :class:`~fpsim.replay.ReplayResult` ``replay`` returns for the same arguments.
+        The :class:`~fpsim.replay.engine.ReplayResult` ``replay`` returns for the same arguments.
     """
     import inspect
 
     from tqdm.auto import tqdm
 
-    from .replay import PRESETS, ReplayConfig, ReplayResult, replay
-    from .trace import Trace, open_trace, sample_trace_path
+    from ..replay.engine import PRESETS, ReplayConfig, ReplayResult, replay
+    from ..trace import Trace, open_trace, sample_trace_path
 
     tr = trace if isinstance(trace, Trace) else open_trace(sample_trace_path() if trace is None else trace)
     if configs is None:

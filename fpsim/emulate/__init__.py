@@ -1,7 +1,7 @@
 """The public verbs ``encode`` / ``decode`` / ``quantize`` for every kind of format.
 
 Element formats (:class:`~fpsim.Format`, :class:`~fpsim.IntFormat`) go to
-:mod:`fpsim.emulate`; block formats (:class:`~fpsim.BlockFormat`) to :mod:`fpsim.scaling`,
+:mod:`fpsim.emulate.element`; block formats (:class:`~fpsim.BlockFormat`) to :mod:`fpsim.emulate.blocks`,
 which returns codes plus scales as a :class:`~fpsim.BlockCodes`. This thin module sits above
 both so that neither imports a stage below it (DESIGN.md, data flow).
 """
@@ -10,16 +10,16 @@ from __future__ import annotations
 
 from typing import Any
 
-from . import emulate, scaling
-from .blockformat import BlockFormat
-from .formats import AnyFormat, get_format
+from ..formats import AnyFormat, BlockFormat, get_format
+from . import blocks as scaling
+from . import element as emulate
 
 __all__ = ["encode", "decode", "quantize"]
 
 
 def encode(x: Any, fmt: str | AnyFormat | BlockFormat, **kwargs: Any) -> Any:
-    """Codes of ``x`` in ``fmt``: see :func:`fpsim.emulate.encode` (element formats) and
-    :func:`fpsim.scaling.encode_blocks` (block formats, returns a BlockCodes)."""
+    """Codes of ``x`` in ``fmt``: see :func:`fpsim.emulate.element.encode` (element formats) and
+    :func:`fpsim.emulate.blocks.encode_blocks` (block formats, returns a BlockCodes)."""
     fmt = get_format(fmt)
     if isinstance(fmt, BlockFormat):
         return scaling.encode_blocks(x, fmt, **kwargs)

@@ -2,7 +2,7 @@
 
 Codes are unsigned integers (uint8 up to 8 bits, uint16 up to 16, uint32 for float32);
 values are float32. Bit-exactness is always judged on codes. Tested against ml_dtypes and
-torch casts (nearest-even), against :mod:`fpsim.reference` for every mode, and the JAX path
+torch casts (nearest-even), against :mod:`fpsim.emulate.reference` for every mode, and the JAX path
 against the numpy path.
 """
 
@@ -14,9 +14,8 @@ from typing import Any
 
 import numpy as np
 
+from ..formats import AnyFormat, Encoding, Format, IntFormat, RoundMode, get_format
 from . import _bitcore
-from .formats import AnyFormat, Encoding, Format, IntFormat, get_format
-from .rounding import RoundMode
 
 __all__ = ["encode", "decode", "quantize"]
 

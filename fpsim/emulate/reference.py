@@ -4,7 +4,7 @@ Slow and obvious by design. It follows the spec text directly: a value lies betw
 neighbouring representable numbers ``lo = k * q`` and ``hi = (k + 1) * q`` (``q`` the
 quantum of the binade, IEEE 754-2019 section 3.3), the rounding mode picks one (section
 4.3), overflow follows section 7.4, and the code is assembled from sign, biased exponent and
-trailing significand. The array tier (:mod:`fpsim.emulate`) is tested against it for every
+trailing significand. The array tier (:mod:`fpsim.emulate.element`) is tested against it for every
 rounding mode; it is tested against ml_dtypes and the published specs.
 """
 
@@ -13,8 +13,7 @@ from __future__ import annotations
 import math
 from fractions import Fraction
 
-from .formats import AnyFormat, Encoding, Format, IntFormat, get_format
-from .rounding import RoundMode
+from ..formats import AnyFormat, Encoding, Format, IntFormat, RoundMode, get_format
 
 __all__ = ["encode_scalar", "decode_scalar"]
 

@@ -14,8 +14,8 @@ from typing import Any
 
 import numpy as np
 
-from .emulate import decode, encode
-from .formats import Format, get_format
+from ..emulate.element import decode, encode
+from ..formats import Format, get_format
 
 __all__ = ["ExhaustiveResult", "exhaustive_check"]
 
