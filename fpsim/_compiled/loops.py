@@ -5,7 +5,7 @@ Each function does what a numpy path of :mod:`fpsim.optim`, :mod:`fpsim.emulate.
 numba compiles without fast-math, so LLVM neither contracts a multiply and an add into an fma
 nor flushes subnormals, division and square root are IEEE (correctly rounded), and the fmas
 the optimizers need are LLVM's ``llvm.fma`` intrinsic (one rounding, IEEE 754 section 5.4.1).
-``tests/test_fast.py`` runs both paths on the same inputs (zeros, subnormals, inf, NaN, ties)
+``tests/replay/test_compiled.py`` runs both paths on the same inputs (zeros, subnormals, inf, NaN, ties)
 and compares bit patterns.
 
 The one relaxation is in the float64 statistics (``jit_sum``): sums of squared errors and of

@@ -101,7 +101,7 @@ def encode_blocks(
 
 def _compiled_codebook(bf: BlockFormat, mode: RoundMode, work: tuple) -> bool:
     """Nearest-entry codebooks over one axis of blocks (the bitsandbytes optimizer states) have
-    a compiled loop in :mod:`fpsim._compiled.loops` with the same bits (tests/test_fast.py)."""
+    a compiled loop in :mod:`fpsim._compiled.loops` with the same bits (tests/replay/test_compiled.py)."""
     el = bf.element
     return (
         isinstance(el, Codebook)

@@ -3,7 +3,8 @@
 Values of ``bitsandbytes.functional.create_dynamic_map(signed, max_exponent_bits=7,
 total_bits=8)`` (bitsandbytes 0.50.2; Dettmers et al. 2021, "8-bit Optimizers via Block-wise
 Quantization", section 2.2). Stored rather than recomputed because torch.linspace's float32
-rounding is not reproduced by numpy. tests/test_codebooks.py compares them with bitsandbytes.
+rounding is not reproduced by numpy. tests/emulate/test_scaling_oracles.py compares them with
+bitsandbytes.
 """
 
 BNB_DYNAMIC_SIGNED = (

@@ -751,7 +751,7 @@ def _dot(a: np.ndarray, b: np.ndarray) -> float:
 def _quantize(x: np.ndarray, fmt: Format, mode: RoundMode, seed: int = 0) -> np.ndarray:
     """``emulate.quantize(x, fmt, rounding=mode)`` (stochastic: ``random_bits=random_bits_at(seed,
     0, n)``). bfloat16 (nearest-even or stochastic) and float16 (nearest-even) take compiled
-    loops of :mod:`fpsim._compiled.loops` (tests/test_fast.py compares them with the emulator), their
+    loops of :mod:`fpsim._compiled.loops` (tests/replay/test_compiled.py compares them with the emulator), their
     NaN inputs the emulator."""
     stochastic = mode is RoundMode.STOCHASTIC
     flat = _compiled.flat32(x) if _compiled.available() else None

@@ -7,7 +7,7 @@ semantics 2 and 3) is, on the generic path, five passes over memory: decode both
 does all of it in one compiled loop (:mod:`fpsim._compiled.loops`, numba) that works through the
 tensor in cache-sized tiles of whole blocks and gives the generic path's bits: the same
 parameters, codes and scales (NaN scales by class), the same zero counts, and the same
-float64 error sums up to their summation order (tests/test_fast.py compares the two paths,
+float64 error sums up to their summation order (tests/replay/test_compiled.py compares the two paths,
 and both with numpy).
 
 It applies when numba is installed, the optimizer is :class:`fpsim.optim.Adam` or

@@ -1,5 +1,6 @@
 """Tests of the Triton kernels (``kernels/``, imported as ``fpsim.kernels``).
 
-A package, so that its ``conftest.py`` is ``kernels.conftest`` and does not replace
-``tests/conftest.py``, whose helpers the other test modules import as ``conftest``.
+A package, so that its ``conftest.py`` (Triton's interpreter switched on) is
+``kernels.conftest`` beside ``tests/conftest.py``; the shared oracle helpers are in
+``tests/oracles``.
 """

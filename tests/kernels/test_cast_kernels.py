@@ -7,7 +7,7 @@ from __future__ import annotations
 import ml_dtypes
 import numpy as np
 import pytest
-from conftest import ALL_FORMATS, MODES, assert_codes_equal, fmt_id, mode_id, targeted_points
+from oracles import ALL_FORMATS, MODES, assert_codes_equal, fmt_id, mode_id, targeted_points
 
 import fpsim
 from fpsim import Format, IntFormat, RoundMode

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from conftest import assert_codes_equal, targeted_points
+from oracles import assert_codes_equal, targeted_points
 
 import fpsim
 

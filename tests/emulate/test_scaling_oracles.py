@@ -27,7 +27,7 @@ import dataclasses
 
 import numpy as np
 import pytest
-import scaling_refs as R
+from oracles import scaling as R
 
 import fpsim
 from fpsim import BlockFormat, Codebook, ScaleRule, get_format

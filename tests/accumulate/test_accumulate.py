@@ -1,5 +1,5 @@
 """Tests of fpsim.accumulate: hand-worked cases, every setting against an independent exact
-reference (tests/accumulate_refs.py), consistency of sum / dot / matmul, block-scaled GEMMs
+reference (tests/oracles/accumulate.py), consistency of sum / dot / matmul, block-scaled GEMMs
 computed by hand, lost-addend counts, metrics and errors."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from fractions import Fraction
 
 import numpy as np
 import pytest
-from accumulate_refs import reduce_ref, round_frac
+from oracles.accumulate import reduce_ref, round_frac
 
 import fpsim.accumulate as fa
 from fpsim import FORMATS, BlockFormat, RoundMode, ScaleRule, decode

@@ -138,8 +138,7 @@ def test_replay_with_and_without_compiled_loops(tmp_path, numpy_only, monkeypatc
                 for k, sh in shapes.items()
             }
             w.write_step(s, {"grad": g, **({"param": p0} if s == 1 else {})}, lr=1e-3)
-    from fpsim.replay import PRESETS, ReplayConfig
-    from fpsim.replay import LossScaler
+    from fpsim.replay import PRESETS, LossScaler, ReplayConfig
 
     # 8-bit states with FP16 gradients and a loss scale that overflows: skipped steps
     scaled = ReplayConfig(
@@ -335,7 +334,7 @@ def test_fused_e4m3_cast_equals_the_emulator():
     pattern and the special points (ties, the subnormal/normal boundary, 448 and its
     neighbours, inf, NaN)."""
     import numba
-    from conftest import special_points
+    from oracles import special_points
 
     cast = _compiled.load().e4m3_code
 

@@ -1,6 +1,6 @@
 """Block formats: presets, validation, block geometry, ragged blocks and round trips.
 
-Oracles are the recipe transcriptions in ``scaling_refs`` (from /tmp/scaling_semantics.md)
+Oracles are the recipe transcriptions in ``oracles.scaling`` (written from the recipes' sources)
 with ml_dtypes casts, and tensors built to be exactly representable, whose codes and scales
 are known by construction. fpsim's own encode is compared only with itself where the brief
 asks for a metamorphic check (a ragged block against the same elements encoded alone).
@@ -14,8 +14,8 @@ import re
 
 import numpy as np
 import pytest
-import scaling_refs as R
-from conftest import scalar_table
+from oracles import scalar_table
+from oracles import scaling as R
 
 import fpsim
 from fpsim import RECIPES, BlockCodes, BlockFormat, Codebook, IntFormat, ScaleRule, get_format

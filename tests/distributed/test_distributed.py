@@ -19,8 +19,8 @@ import pytest
 distributed = pytest.importorskip("distributed")
 pytest.importorskip("fsspec")
 
-from fpsim.analysis.metrics import CHUNK, random_bits_at  # noqa: E402
 from fpsim.analysis import Analysis, analyze  # noqa: E402
+from fpsim.analysis.metrics import CHUNK, random_bits_at  # noqa: E402
 from fpsim.cli.distributed import add_dask_argument, run_analyze  # noqa: E402
 from fpsim.distributed import analyze_distributed, replay_distributed  # noqa: E402
 from fpsim.distributed import executor as fd  # noqa: E402

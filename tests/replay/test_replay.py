@@ -9,8 +9,7 @@ import numpy as np
 import pytest
 
 from fpsim.optim import Adam, AdamW
-from fpsim.replay import PRESETS, ReplayConfig, memory_table, replay
-from fpsim.replay import LossScaler
+from fpsim.replay import PRESETS, LossScaler, ReplayConfig, memory_table, replay
 from fpsim.trace import TraceWriter
 
 

@@ -14,8 +14,8 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-import scaling_refs as R
-from conftest import is_nan_code
+from oracles import is_nan_code
+from oracles import scaling as R
 
 import fpsim
 from fpsim import DelayedScaling, DelayedState

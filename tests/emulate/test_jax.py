@@ -6,7 +6,7 @@ from functools import cache
 
 import numpy as np
 import pytest
-from conftest import ALL_FORMATS, MODES, assert_codes_equal, fmt_id, mode_id, targeted_points
+from oracles import ALL_FORMATS, MODES, assert_codes_equal, fmt_id, mode_id, targeted_points
 
 import fpsim
 from fpsim import RoundMode, get_format

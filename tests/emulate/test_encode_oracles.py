@@ -20,7 +20,7 @@ import warnings
 import ml_dtypes
 import numpy as np
 import pytest
-from conftest import (
+from oracles import (
     FLOAT_FORMATS,
     assert_codes_equal,
     finite_values,

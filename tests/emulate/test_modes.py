@@ -11,7 +11,7 @@ from functools import cache
 
 import numpy as np
 import pytest
-from conftest import (
+from oracles import (
     ALL_FORMATS,
     FLOAT_FORMATS,
     assert_codes_equal,

@@ -6,7 +6,7 @@ from dataclasses import replace
 
 import numpy as np
 import pytest
-from conftest import (
+from oracles import (
     FLOAT_FORMATS,
     INT_FORMATS,
     SMALL_FORMATS,

@@ -13,8 +13,8 @@ import dataclasses
 import ml_dtypes
 import numpy as np
 import pytest
-import scaling_refs as R
-from conftest import is_nan_code
+from oracles import is_nan_code
+from oracles import scaling as R
 
 import fpsim
 from fpsim import BlockFormat, Codebook, ScaleRule, get_format
