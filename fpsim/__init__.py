@@ -2,9 +2,12 @@
 
 Public API (kept small): element formats and block recipes with their registries, rounding
 modes, the three verbs ``encode`` / ``decode`` / ``quantize`` that take any of them, delayed
-scaling, and emulated accumulation (``sum`` / ``dot`` / ``matmul`` / ``scaled_matmul``).
+scaling, emulated accumulation (``sum`` / ``dot`` / ``matmul`` / ``scaled_matmul``) and the
+choice of :class:`Backend` for the hot loops. The stages of the data flow are sub-packages
+(see the README's Architecture section).
 """
 
+from ._compiled import Backend
 from .accumulate import dot, matmul, scaled_matmul, sum  # noqa: A004 - fpsim.sum mirrors numpy.sum
 from .emulate import decode, encode, quantize
 from .emulate.blocks import BlockCodes
@@ -25,6 +28,7 @@ from .formats import (
 __all__ = [
     "FORMATS",
     "RECIPES",
+    "Backend",
     "BlockCodes",
     "BlockFormat",
     "Codebook",

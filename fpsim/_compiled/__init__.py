@@ -7,13 +7,14 @@ imports nothing heavy, so ``import fpsim`` stays light. Call :func:`load` for th
 
 from __future__ import annotations
 
+import enum
 import functools
 from types import ModuleType
 from typing import Any
 
 import numpy as np
 
-__all__ = ["available", "flat32", "load"]
+__all__ = ["Backend", "available", "flat32", "load"]
 
 
 @functools.cache
@@ -24,6 +25,39 @@ def available() -> bool:
     except ImportError:
         return False
     return True
+
+
+class Backend(enum.Enum):
+    """Where the hot loops run, chosen once at an entry point and passed down.
+
+    ``NUMPY`` is the reference tier; ``COMPILED`` runs the numba loops of
+    :mod:`fpsim._compiled.loops`, which give the same bits (tested against the numpy paths).
+    """
+
+    NUMPY = "numpy"
+    COMPILED = "compiled"
+
+    @classmethod
+    def resolve(cls, backend: Backend | str = "auto") -> Backend:
+        """A :class:`Backend` from a member or its name; ``"auto"`` is ``COMPILED`` where numba
+        is installed, else ``NUMPY``.
+
+        Raises:
+            ValueError: an unknown name (the message lists the allowed ones).
+            ImportError: ``"compiled"`` without numba (the message says how to install it).
+        """
+        if isinstance(backend, cls):
+            chosen = backend
+        elif backend == "auto":
+            return cls.COMPILED if available() else cls.NUMPY
+        else:
+            try:
+                chosen = cls(backend)
+            except ValueError:
+                raise ValueError(f"backend must be one of auto, numpy, compiled; got {backend!r}") from None
+        if chosen is cls.COMPILED and not available():
+            raise ImportError("the compiled backend needs numba: pip install 'fpsim[fast]'")
+        return chosen
 
 
 def load() -> ModuleType:
