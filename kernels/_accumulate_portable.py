@@ -55,7 +55,7 @@ _jit = (lambda fn: fn) if _INTERPRET else triton.jit
 # 0 nearest_even, 1 nearest_away, 2 toward_zero, 3 toward_positive, 4 toward_negative,
 # 5 stochastic, 6 odd.
 # COMP: 0 none, 1 Kahan, 2 Neumaier. RAND (accumulator and promotion roundings): 0 none,
-# 1 words loaded from r_ptr, 2 SplitMix64 of (seed stream, index) as fpsim.analysis.metrics.random_bits_at.
+# 1 words loaded from r_ptr, 2 SplitMix64 of (seed stream, index) as fpsim.emulate.random.random_bits_at.
 # QRAND (product roundings): 0 none, 2 SplitMix64.
 
 # Layout of the int64 parameter tensor: three formats (accumulator, product, promotion) of
@@ -115,7 +115,7 @@ def _format(par_ptr, which):
 def _word(r_ptr, j, n_out, o, mask, off, RAND: tl.constexpr):
     """Random word (uint64 < 2**32) of rounding ``j`` (int64) of outputs ``o`` (int64):
     loaded (RAND 1) or SplitMix64 of ``j * n_out + o`` in the stream with offset ``off``
-    (RAND 2, :func:`fpsim.analysis.metrics.random_bits_at`)."""
+    (RAND 2, :func:`fpsim.emulate.random.random_bits_at`)."""
     idx = j * n_out + o
     if RAND == 1:
         w = tl.load(r_ptr + idx, mask=mask, other=0).to(tl.uint32, bitcast=True).to(tl.uint64)

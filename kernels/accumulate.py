@@ -20,7 +20,7 @@ element, with ``t_k`` the exact product ``a[i, k] * b[k, j]`` (rounded once to
 
 Stochastic rounding numbers the roundings of one output ``j = 0, 1, ...`` in that order and
 uses ``random_bits[j].flat[o]`` or, with ``seed``, the SplitMix64 word
-:func:`fpsim.analysis.metrics.random_bits_at` ``(4 * seed, j * n_out + o)``, computed in the kernel;
+:func:`fpsim.emulate.random.random_bits_at` ``(4 * seed, j * n_out + o)``, computed in the kernel;
 product roundings use ``(4 * seed + 1, k * n_out + o)``. Inputs rounded to
 ``input_format`` are quantized first with :func:`fpsim.kernels.cast.quantize` (itself
 bit-identical to the emulator), with the emulator's seed streams ``4 * seed + 2`` and
@@ -75,7 +75,7 @@ __all__ = ["Launch", "dot", "matmul"]
 
 _ORDERS = ("sequential", "pairwise", "blocked")
 _COMPENSATION = {False: 0, None: 0, True: 1, "kahan": 1, "neumaier": 2}
-_GOLDEN = 0x9E3779B97F4A7C15  # SplitMix64's seed multiplier (fpsim.analysis.metrics.random_bits_at)
+_GOLDEN = 0x9E3779B97F4A7C15  # SplitMix64's seed multiplier (fpsim.emulate.random.random_bits_at)
 _NF = 10  # entries per format in the parameter tensor (_accumulate_portable._format)
 
 
@@ -132,7 +132,7 @@ def matmul(a: Any, b: Any, **kwargs: Any) -> Any:
             ``(fpsim.accumulate.rounding_count(K, ...), *batch, M, N)`` (numpy uint32, or
             a torch uint32 / int32 bit-pattern tensor).
         seed: int; random words for every stochastic rounding not given ``random_bits``
-            (drawn in the kernel as :func:`fpsim.analysis.metrics.random_bits_at`).
+            (drawn in the kernel as :func:`fpsim.emulate.random.random_bits_at`).
         stochastic_bits: random bits per stochastic rounding (default ``min(32, 51 - M)``).
         input_format, input_rounding: element format (and rounding) of the inputs, or pairs
             ``(for a, for b)``.
@@ -353,7 +353,7 @@ def _inputs(torch: Any, x: Any, fmt: Any, rounding: Any, seed: int | None, strea
         return x
     from fpsim.kernels import cast
 
-    from fpsim.analysis.metrics import random_bits_at
+    from fpsim.emulate.random import random_bits_at
 
     f = get_format(fmt)
     if isinstance(f, BlockFormat):
@@ -392,7 +392,7 @@ def _format_params(fmt: Format | None) -> list[int]:
 
 
 def _offset(stream: int) -> int:
-    """SplitMix64 offset of a seed stream as an int64 bit pattern (fpsim.analysis.metrics.random_bits_at)."""
+    """SplitMix64 offset of a seed stream as an int64 bit pattern (fpsim.emulate.random.random_bits_at)."""
     v = (stream * _GOLDEN) % (1 << 64)
     return v - (1 << 64) if v >= (1 << 63) else v
 

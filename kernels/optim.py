@@ -195,7 +195,7 @@ def replay_random_bits(seed: int, step: int, name: str, shape: tuple) -> np.ndar
     tensor ``name`` at recorded step ``step`` (its ``seed``): ``random_bits_at(seed ^
     crc32(f"{step}:{name}"), 0, size)``, shaped. Pass them as ``random_bits`` to reproduce a
     replay step (checked against the replay in the tests)."""
-    from fpsim.analysis.metrics import random_bits_at
+    from fpsim.emulate.random import random_bits_at
 
     n = math.prod(shape)
     return random_bits_at(seed ^ zlib.crc32(f"{step}:{name}".encode()), 0, n).reshape(shape)

@@ -111,7 +111,7 @@ def adam(p, g, m, v, po, mo, vo, mode, decay, omb1, omb2, b2, bc2, eps, neg_step
 @jit
 def bf16_round(x, stochastic, mix, start, out):
     # fpsim.emulate.element.quantize(x, "bfloat16") nearest-even, or with stochastic rounding and
-    # random_bits=fpsim.analysis.metrics.random_bits_at(seed, start, n), mix = seed *
+    # random_bits=fpsim.emulate.random.random_bits_at(seed, start, n), mix = seed *
     # 0x9E3779B97F4A7C15 (SplitMix64 of mix + index, low 32 bits): the 16 discarded bits
     # round away iff rem + (r >> 16) >= 2^16 (fpsim.emulate._bitcore._round with 32 random bits).
     # A carry runs into the exponent (overflow gives inf, as IEEE 754 7.4 for these

@@ -54,7 +54,7 @@ right (a group's value is added to its parent group as soon as the group is comp
 after a chunk's root, its promotion rounding). :func:`rounding_count` gives the total.
 Rounding ``j`` of output element ``o`` (flat C index of the output) uses the low
 ``stochastic_bits`` bits of ``random_bits[j].flat[o]``, or of the word
-``fpsim.analysis.metrics.random_bits_at(4 * seed, j * n_out + o, 1)`` when ``seed`` is given.
+``fpsim.emulate.random.random_bits_at(4 * seed, j * n_out + o, 1)`` when ``seed`` is given.
 Products use ``random_bits_at(4 * seed + 1, k * n_out + o, 1)`` (also ``stochastic_bits``
 bits); inputs ``a`` (or ``x``) and ``b`` use ``4 * seed + 2`` and ``4 * seed + 3`` at their
 flat element index (32 bits, as :func:`fpsim.encode`).
@@ -74,18 +74,18 @@ contracting a multiply and an add only where the fused step is modelled.
 
 The rounding core and the schedule live in :mod:`fpsim.accumulate._accumulator`, the exact
 references in :mod:`fpsim.accumulate.exact`. Exactness of one rounded addition (see
-``_Rounder.add``): for float64 operands ``u, v`` the float64 sum ``s = u + v`` and its error ``e`` (Knuth's TwoSum) satisfy ``u + v = s + e``
-exactly. ``s`` is then replaced by the round-to-odd value ``RO53(u + v)``: ``s`` itself when
-``e = 0`` or ``s`` is odd, else the odd neighbour of ``s`` on ``e``'s side. Rounding
-``RO53(x)`` to ``p <= 51`` bits gives ``R(x)`` for every non-stochastic mode (Boldo and
-Melquiond, "Emulation of FMA and correctly rounded sums: proved algorithms using rounding
-to odd", IEEE Trans. Computers 57(4), 2008, Theorem 1 for nearest; for the directed modes and
-odd because ``RO53(x)`` lies strictly between the same two ``p``-bit neighbours as ``x``
-when ``x`` is not a ``p``-bit number, and equals ``x`` when it is). Stochastic rounding only
-reads the top ``n = stochastic_bits`` discarded bits and whether any discarded bit is set;
-the odd bit sits below those bits when ``n <= 51 - mantissa_bits``, so ``n`` is capped there
-(28 for a float32 accumulator, 32 for 14 bits or fewer).
-"""
+``_Rounder.add``): for float64 operands ``u, v`` the float64 sum ``s = u + v`` and its error
+``e`` (Knuth's TwoSum) satisfy ``u + v = s + e`` exactly. ``s`` is then replaced by the
+round-to-odd value ``RO53(u + v)``: ``s`` itself when ``e = 0`` or ``s`` is odd, else the odd
+neighbour of ``s`` on ``e``'s side. Rounding ``RO53(x)`` to ``p <= 51`` bits gives ``R(x)``
+for every non-stochastic mode (Boldo and Melquiond, "Emulation of FMA and correctly rounded
+sums: proved algorithms using rounding to odd", IEEE Trans. Computers 57(4), 2008, Theorem 1
+for nearest; for the directed modes and odd because ``RO53(x)`` lies strictly between the same
+two ``p``-bit neighbours as ``x`` when ``x`` is not a ``p``-bit number, and equals ``x`` when
+it is). Stochastic rounding only reads the top ``n = stochastic_bits`` discarded bits and
+whether any discarded bit is set; the odd bit sits below those bits when ``n <= 51 -
+mantissa_bits``, so ``n`` is capped there (28 for a float32 accumulator, 32 for 14 bits or
+fewer). """
 
 from __future__ import annotations
 
@@ -96,9 +96,9 @@ from typing import Any
 
 import numpy as np
 
-from ..analysis.metrics import random_bits_at
 from ..emulate import element as emulate
 from ..emulate.blocks import decode_blocks, encode_blocks
+from ..emulate.random import random_bits_at
 from ..formats import BlockFormat, Codebook, Format, IntFormat, RoundMode, get_format
 from ._accumulator import (
     _TILE,

@@ -36,6 +36,7 @@ import numpy as np
 
 from ..emulate import element as emulate
 from ..emulate.blocks import decode_blocks, encode_blocks
+from ..emulate.random import random_bits_at
 from ..formats import BlockFormat, Codebook, Format, IntFormat, RoundMode, ScaleRule, get_format
 
 __all__ = [
@@ -48,7 +49,6 @@ __all__ = [
     "measure_chunk",
     "measure_swamping",
     "chunk_slices",
-    "random_bits_at",
     "CHUNK",
 ]
 
@@ -193,20 +193,6 @@ def chunk_view(flat: np.ndarray, shape: tuple[int, ...], start: int, stop: int, 
     return part.reshape((-1, *shape[1:]))
 
 
-# --- random bits ------------------------------------------------------------------------
-
-
-def random_bits_at(seed: int, start: int, n: int) -> np.ndarray:
-    """uint32 words for flat positions ``start .. start+n`` (SplitMix64 of seed and index).
-
-    Counter-based, so a chunk draws the same bits wherever it is processed.
-    """
-    z = np.arange(start, start + n, dtype=np.uint64) + np.uint64((seed * 0x9E3779B97F4A7C15) % (1 << 64))
-    z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
-    z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
-    return (z ^ (z >> np.uint64(31))).astype(np.uint32)
-
-
 # --- measuring ---------------------------------------------------------------------------
 
 
@@ -224,7 +210,7 @@ def measure(
 
     Works through the canonical chunks, so memory stays bounded for memory-mapped input.
     The log2 histogram (format-independent) is filled only when ``with_hist`` is set.
-    ``seed`` feeds stochastic rounding (see :func:`random_bits_at`); ``saturate`` applies
+    ``seed`` feeds stochastic rounding (see :func:`fpsim.emulate.random.random_bits_at`); ``saturate`` applies
     to element formats (block recipes define their own saturation).
     """
     fmt = get_format(fmt)

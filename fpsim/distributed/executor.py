@@ -214,7 +214,7 @@ def _swamp_chunk(
 
     ``measure_swamping`` draws the random bits of flat position ``i`` of its input, so for a
     chunk starting at ``offset`` the seed is shifted to give the bits of ``offset + i``:
-    :func:`~fpsim.analysis.metrics.random_bits_at` hashes ``i + seed * G (mod 2**64)`` with ``G``
+    :func:`~fpsim.emulate.random.random_bits_at` hashes ``i + seed * G (mod 2**64)`` with ``G``
     odd, so ``seed' = seed + offset * G**-1 (mod 2**64)`` does exactly that.
     """
     if theta.size > CHUNK:

@@ -23,6 +23,7 @@ import numpy as np
 from .. import _compiled
 from ..formats import BlockFormat, Codebook, Format, RoundMode, ScaleRule, get_format
 from . import element as emulate
+from .random import random_words
 
 __all__ = ["BlockCodes", "encode_blocks", "decode_blocks"]
 
@@ -78,7 +79,7 @@ def encode_blocks(
     xb = _to_blocks(x.reshape(work), blk)
     rand = None
     if mode is _R.STOCHASTIC:
-        bits = emulate._random_bits(np, random_bits, rng, x.shape)
+        bits = random_words(np, random_bits, rng, x.shape)
         rand = _to_blocks(np.asarray(bits).reshape(work), blk)
     grid = tuple(xb.shape[0::2])
     rows = _rows_per_chunk(bf, xb)

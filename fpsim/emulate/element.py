@@ -16,6 +16,7 @@ import numpy as np
 
 from ..formats import AnyFormat, Encoding, Format, IntFormat, RoundMode, get_format
 from . import _bitcore
+from .random import random_words
 
 __all__ = ["encode", "decode", "quantize"]
 
@@ -64,7 +65,7 @@ def encode(
     if mode is RoundMode.STOCHASTIC:
         if not 1 <= stochastic_bits <= 32:
             raise ValueError(f"stochastic_bits must be in [1, 32], got {stochastic_bits}")
-        rand = _random_bits(xp, random_bits, rng, x.shape)
+        rand = random_words(xp, random_bits, rng, x.shape)
     if isinstance(fmt, IntFormat):
         if xp is np:
             return _bitcore.encode_int_numpy(x, fmt, mode, saturate, rand, stochastic_bits)
@@ -191,19 +192,3 @@ def _is_ml_float(dt: np.dtype) -> bool:
     except (TypeError, ValueError):
         return False
     return dt.itemsize <= 2
-
-
-def _random_bits(xp: Any, random_bits: Any, rng: Any, shape: tuple) -> Any:
-    if random_bits is None:
-        if rng is None:
-            raise ValueError(
-                "stochastic rounding needs random_bits= (uint32, x's shape) "
-                "or rng= (a numpy Generator or an int seed)"
-            )
-        gen = rng if isinstance(rng, np.random.Generator) else np.random.default_rng(rng)
-        random_bits = xp.asarray(gen.integers(0, 1 << 32, size=shape, dtype=np.uint32))
-    if random_bits.dtype != np.uint32:
-        raise TypeError(f"random_bits must be uint32, got {random_bits.dtype}")
-    if tuple(random_bits.shape) != tuple(shape):
-        raise ValueError(f"random_bits has shape {tuple(random_bits.shape)}; x has {tuple(shape)}")
-    return random_bits

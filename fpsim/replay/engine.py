@@ -38,11 +38,11 @@ from typing import Any
 import numpy as np
 
 from .. import _compiled
-from ..analysis.metrics import random_bits_at
 from ..emulate import decode, encode
 from ..emulate import element as emulate
 from ..emulate.blocks import encode_decode_blocks
 from ..emulate.delayed import DelayedScaling
+from ..emulate.random import random_bits_at
 from ..formats import RECIPES, BlockFormat, Codebook, Format, RoundMode, get_format
 from ..optim import AdamW, Optimizer
 from . import fused as _fused
@@ -751,8 +751,8 @@ def _dot(a: np.ndarray, b: np.ndarray) -> float:
 def _quantize(x: np.ndarray, fmt: Format, mode: RoundMode, seed: int = 0) -> np.ndarray:
     """``emulate.quantize(x, fmt, rounding=mode)`` (stochastic: ``random_bits=random_bits_at(seed,
     0, n)``). bfloat16 (nearest-even or stochastic) and float16 (nearest-even) take compiled
-    loops of :mod:`fpsim._compiled.loops` (tests/replay/test_compiled.py compares them with the emulator), their
-    NaN inputs the emulator."""
+    loops of :mod:`fpsim._compiled.loops` (tests/replay/test_compiled.py compares them with the
+    emulator), their NaN inputs the emulator."""
     stochastic = mode is RoundMode.STOCHASTIC
     flat = _compiled.flat32(x) if _compiled.available() else None
     out = np.empty(x.shape, _F32)

@@ -180,7 +180,7 @@ def test_stochastic_seed_bits_and_product_rounding_match_reference():
         accumulator=P14, rounding="stochastic", product_format="bfloat16", product_rounding="stochastic"
     )
     got = fa.dot(a, b, seed=11, **kw)
-    from fpsim.analysis.metrics import random_bits_at
+    from fpsim.emulate.random import random_bits_at
 
     for o in range(2):
         terms = []

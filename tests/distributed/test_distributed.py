@@ -20,10 +20,11 @@ distributed = pytest.importorskip("distributed")
 pytest.importorskip("fsspec")
 
 from fpsim.analysis import Analysis, analyze  # noqa: E402
-from fpsim.analysis.metrics import CHUNK, random_bits_at  # noqa: E402
+from fpsim.analysis.metrics import CHUNK  # noqa: E402
 from fpsim.cli.distributed import add_dask_argument, run_analyze  # noqa: E402
 from fpsim.distributed import analyze_distributed, replay_distributed  # noqa: E402
 from fpsim.distributed import executor as fd  # noqa: E402
+from fpsim.emulate.random import random_bits_at  # noqa: E402
 from fpsim.replay import PRESETS, ReplayResult, replay  # noqa: E402
 from fpsim.trace import TraceError, TraceWriter, open_trace, sample_trace_path  # noqa: E402
 from fpsim.trace.safetensors_io import write_safetensors  # noqa: E402

@@ -397,7 +397,7 @@ def test_fast_master_and_state_rounding_equals_the_emulator(fmt, mode, seed):
     loop) and float16 against fpsim.quantize (with random_bits_at): every
     element on special values (subnormals, ties, values that carry into the exponent or
     overflow to inf, inf, NaN; NaN by class)."""
-    from fpsim.analysis.metrics import random_bits_at
+    from fpsim.emulate.random import random_bits_at
     from fpsim.replay.engine import _quantize
 
     rng = np.random.default_rng(seed % 1000)

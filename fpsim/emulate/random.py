@@ -1,0 +1,61 @@
+"""Random words for stochastic rounding: given, drawn from a generator, or counter-based.
+
+Stochastic rounding takes one uint32 word per element, so the emulator and a kernel fed the
+same words must agree bit for bit:
+
+- :func:`random_words`: the words the verbs ``encode``/``quantize`` use: the caller's
+  ``random_bits``, or ``rng.integers(0, 2**32)`` of a numpy Generator or an int seed.
+- :func:`random_bits_at`: counter-based words for flat positions ``start .. start + n``
+  (SplitMix64 of the seed and the index, Steele, Lea and Flood, "Fast splittable
+  pseudorandom number generators", OOPSLA 2014), so that a chunk of a tensor draws the same
+  words wherever and in whatever order it is processed: the analysis, the replay and the
+  accumulation use them, and the replay's compiled bfloat16 rounding computes them in its
+  loop (:mod:`fpsim._compiled.loops`).
+
+The Triton kernels' in-kernel source is Philox4x32-10 (``tl.randint4x``);
+:func:`fpsim.kernels.philox.philox_bits` is its numpy twin, so a kernel run with in-kernel
+random numbers can be replayed by the emulator with ``random_bits=philox_bits(...)``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+__all__ = ["random_bits_at", "random_words"]
+
+
+def random_bits_at(seed: int, start: int, n: int) -> np.ndarray:
+    """uint32 words for flat positions ``start .. start+n`` (SplitMix64 of seed and index).
+
+    Counter-based, so a chunk draws the same bits wherever it is processed.
+    """
+    z = np.arange(start, start + n, dtype=np.uint64) + np.uint64((seed * 0x9E3779B97F4A7C15) % (1 << 64))
+    z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+    z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+    return (z ^ (z >> np.uint64(31))).astype(np.uint32)
+
+
+def random_words(xp: Any, random_bits: Any, rng: Any, shape: tuple) -> Any:
+    """The uint32 words of a stochastic rounding: ``random_bits`` checked (uint32, ``shape``),
+    or drawn from ``rng`` (a numpy Generator or an int seed) as an array of the namespace
+    ``xp`` (numpy or jax.numpy).
+
+    Raises:
+        ValueError: neither is given, or ``random_bits`` has another shape.
+        TypeError: ``random_bits`` is not uint32.
+    """
+    if random_bits is None:
+        if rng is None:
+            raise ValueError(
+                "stochastic rounding needs random_bits= (uint32, x's shape) "
+                "or rng= (a numpy Generator or an int seed)"
+            )
+        gen = rng if isinstance(rng, np.random.Generator) else np.random.default_rng(rng)
+        random_bits = xp.asarray(gen.integers(0, 1 << 32, size=shape, dtype=np.uint32))
+    if random_bits.dtype != np.uint32:
+        raise TypeError(f"random_bits must be uint32, got {random_bits.dtype}")
+    if tuple(random_bits.shape) != tuple(shape):
+        raise ValueError(f"random_bits has shape {tuple(random_bits.shape)}; x has {tuple(shape)}")
+    return random_bits
