@@ -72,9 +72,9 @@ def _recipe(fmt: Any) -> BlockFormat:
 
 def _blocking(shape: tuple, bf: BlockFormat) -> tuple[int, int, int, int, int, tuple]:
     """(P, R, C, BR, BC, grid): the tensor as P matrices R x C in blocks of BR x BC."""
-    from fpsim.emulate.blocks import _geometry
+    from fpsim.emulate.blocks import block_geometry
 
-    work, blk = _geometry(shape, bf)
+    work, blk = block_geometry(shape, bf)
     grid = tuple(-(-t // b) for t, b in zip(work, blk))
     if bf.flatten:
         return 1, 1, work[0], 1, blk[0], grid
@@ -155,9 +155,9 @@ def encode_blocks(
         else:
             tamax = _tensor_amax(mod, xv, interp, extra)
     if per_tensor:
-        from fpsim.emulate.blocks import _geometry
+        from fpsim.emulate.blocks import block_geometry
 
-        work, _ = _geometry(tuple(x.shape), bf)
+        work, _ = block_geometry(tuple(x.shape), bf)
         p, r, c, br, bc, grid = 1, 1, n, 1, min(_pow2(n), _CHUNK), (1,) * len(work)
     else:
         p, r, c, br, bc, grid = _blocking(tuple(x.shape), bf)

@@ -85,7 +85,7 @@ two ``p``-bit neighbours as ``x`` when ``x`` is not a ``p``-bit number, and equa
 it is). Stochastic rounding only reads the top ``n = stochastic_bits`` discarded bits and
 whether any discarded bit is set; the odd bit sits below those bits when ``n <= 51 -
 mantissa_bits``, so ``n`` is capped there (28 for a float32 accumulator, 32 for 14 bits or
-fewer). """
+fewer)."""
 
 from __future__ import annotations
 

@@ -73,8 +73,8 @@ def encode_blocks(
     bf = _recipe(fmt)
     mode = RoundMode.parse(rounding)
     x = _as_f32(x)
-    work, blk = _geometry(x.shape, bf)
-    if _compiled_codebook(bf, mode, work):
+    work, blk = block_geometry(x.shape, bf)
+    if compiled_codebook(bf, mode, work):
         return _encode_codebook_compiled(x, bf)
     xb = _to_blocks(x.reshape(work), blk)
     rand = None
@@ -100,7 +100,7 @@ def encode_blocks(
     return BlockCodes(_from_blocks(codes, work).reshape(x.shape), scales.reshape(grid), tensor)
 
 
-def _compiled_codebook(bf: BlockFormat, mode: RoundMode, work: tuple) -> bool:
+def compiled_codebook(bf: BlockFormat, mode: RoundMode, work: tuple) -> bool:
     """Nearest-entry codebooks over one axis of blocks (the bitsandbytes optimizer states) have
     a compiled loop in :mod:`fpsim._compiled.loops` with the same bits (tests/replay/test_compiled.py)."""
     el = bf.element
@@ -121,7 +121,7 @@ def _encode_codebook_compiled(x: np.ndarray, bf: BlockFormat, values: bool = Fal
     codes = np.empty(flat.size, np.uint8)
     amax = np.empty(-(-flat.size // b), _F32)
     vals = np.empty(flat.size if values else 0, _F32)
-    base, thr = _nearest_buckets(bf.element.table)
+    base, thr = nearest_buckets(bf.element.table)
     _compiled.load().codebook_encode(flat, b, base, thr, bf.element.table, codes, amax, vals, values)
     enc = BlockCodes(codes.reshape(x.shape), amax.view(np.uint32), None)
     return (enc, vals.reshape(x.shape)) if values else enc
@@ -132,7 +132,7 @@ def encode_decode_blocks(x: Any, fmt: str | BlockFormat) -> tuple[BlockCodes, np
     compiled loop exists (nearest-entry codebooks over one axis of blocks)."""
     bf = _recipe(fmt)
     x = _as_f32(x)
-    if _compiled_codebook(bf, _R.NEAREST_EVEN, _geometry(x.shape, bf)[0]):
+    if compiled_codebook(bf, _R.NEAREST_EVEN, block_geometry(x.shape, bf)[0]):
         return _encode_codebook_compiled(x, bf, values=True)
     enc = encode_blocks(x, bf)
     return enc, decode_blocks(enc, bf)
@@ -191,8 +191,8 @@ def decode_blocks(encoded: BlockCodes, fmt: str | BlockFormat) -> np.ndarray:
             f"decode with {bf.name} needs the BlockCodes that encode returned, got {type(encoded).__name__}"
         )
     codes = np.asarray(encoded.codes)
-    work, blk = _geometry(codes.shape, bf)
-    if _compiled_codebook(bf, RoundMode.NEAREST_EVEN, work) and codes.dtype == np.uint8:
+    work, blk = block_geometry(codes.shape, bf)
+    if compiled_codebook(bf, RoundMode.NEAREST_EVEN, work) and codes.dtype == np.uint8:
         return _decode_codebook_compiled(codes, encoded.scales, bf)
     cb = _to_blocks(codes.reshape(work), blk)
     grid = tuple(cb.shape[0::2])
@@ -304,7 +304,7 @@ def _codebook(xb, amax, book: Codebook, mode: RoundMode, rand, nbits: int):
 
 def _codebook_round(v, c, mode: RoundMode, rand, nbits: int) -> np.ndarray:
     if mode is _R.NEAREST_EVEN:
-        base, thr = _nearest_buckets(c)
+        base, thr = nearest_buckets(c)
         key = v.astype(_F32, copy=False).view(np.uint32) >> np.uint32(16)
         q = base[key]
         np.add(q, v > thr[key], out=q, casting="unsafe")
@@ -332,7 +332,7 @@ def _codebook_round(v, c, mode: RoundMode, rand, nbits: int) -> np.ndarray:
 _BUCKETS: dict[bytes, tuple[np.ndarray, np.ndarray]] = {}
 
 
-def _nearest_buckets(c: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def nearest_buckets(c: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """O(1) form of ``searchsorted(f32 midpoints, v, side="left")`` for float32 ``v``.
 
     The float32 values sharing their top 16 bits form an interval; over it the index is a
@@ -396,7 +396,7 @@ def _as_f32(x: Any) -> np.ndarray:
     return x
 
 
-def _geometry(shape: tuple, bf: BlockFormat) -> tuple[tuple, tuple]:
+def block_geometry(shape: tuple, bf: BlockFormat) -> tuple[tuple, tuple]:
     """The shape that is blocked and the block size along each of its axes."""
     if bf.flatten:
         work = (math.prod(shape),)

@@ -34,7 +34,7 @@ import numpy as np
 
 from .. import _compiled, optim
 from ..emulate import element as emulate
-from ..emulate.blocks import BlockCodes, _compiled_codebook, _geometry, _nearest_buckets
+from ..emulate.blocks import BlockCodes, block_geometry, compiled_codebook, nearest_buckets
 from ..formats import RECIPES, BlockFormat, Codebook, RoundMode, ScaleRule, get_format
 
 __all__ = ["FusedStep", "Plan", "adam_block_step", "decode_state", "encode_state", "plan", "run_piece"]
@@ -77,13 +77,13 @@ def _state(bf: Any, shape: tuple) -> _State | None:
     if not isinstance(bf, BlockFormat) or not n:
         return None
     per_tensor = bf.block is None and not bf.flatten
-    if not per_tensor and len(_geometry(shape, bf)[0]) != 1:
+    if not per_tensor and len(block_geometry(shape, bf)[0]) != 1:
         return None
     block = bf.block[0] if bf.block is not None else n
     if isinstance(bf.element, Codebook):
-        if per_tensor or not _compiled_codebook(bf, RoundMode.NEAREST_EVEN, _geometry(shape, bf)[0]):
+        if per_tensor or not compiled_codebook(bf, RoundMode.NEAREST_EVEN, block_geometry(shape, bf)[0]):
             return None
-        return _State(0, block, _values(bf.element), *_nearest_buckets(bf.element.table), _F32(0), _F32(1))
+        return _State(0, block, _values(bf.element), *nearest_buckets(bf.element.table), _F32(0), _F32(1))
     if bf.scale_format.name != "float32":
         return None
     if bf.rule is ScaleRule.ABSMAX:
