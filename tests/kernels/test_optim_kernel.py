@@ -33,7 +33,7 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("triton")
 
 from fpsim.kernels import optim as kopt  # noqa: E402
-from fpsim.kernels.validate import _code_fields, _f32_fields  # noqa: E402
+from fpsim.kernels.validate.common import code_fields, f32_fields  # noqa: E402
 
 BNB = ("bnb_dynamic8_block256", "bnb_dynamic8u_block256")
 PAIRS = [
@@ -78,10 +78,10 @@ def _fmt_of(name: str, kw: dict):
 
 def _describe(code: int, fmt) -> str:
     if fmt is None:
-        return _f32_fields(code)
+        return f32_fields(code)
     if isinstance(fmt, fpsim.Codebook):
         return f"entry {code}"
-    return _code_fields(code, fmt)
+    return code_fields(code, fmt)
 
 
 def _is_nan(codes: np.ndarray, fmt) -> np.ndarray:
@@ -359,12 +359,12 @@ def test_other_specialisations_compile(over):
 
 
 def test_validation_harness_passes_and_counts_a_wrong_kernel(monkeypatch):
-    from fpsim.kernels import _validate_optim
+    from fpsim.kernels.validate import optim as validate_optim
 
     from fpsim.formats import RECIPES
 
     bf = RECIPES["fp8_e4m3_block256"]
-    cases = _validate_optim.run(
+    cases = validate_optim.run(
         bf, RoundMode.NEAREST_EVEN, cases="quick", device="cpu", name="optim.adamw_step"
     )
     assert len(cases) == 1 and cases[0].ok and cases[0].compared > 10_000
@@ -378,7 +378,7 @@ def test_validation_harness_passes_and_counts_a_wrong_kernel(monkeypatch):
         return kopt.AdamStep(p, *out[1:])
 
     monkeypatch.setattr(kopt, "adamw_step", off_by_one_ulp)
-    (case,) = _validate_optim.run(bf, RoundMode.NEAREST_EVEN, cases="quick", device="cpu", name="x")
+    (case,) = validate_optim.run(bf, RoundMode.NEAREST_EVEN, cases="quick", device="cpu", name="x")
     assert not case.ok and case.mismatches > 20 and case.first
     m = case.first[0]
     assert m.inputs.endswith(" p") and m.got == m.expected + 1 and "s=" in m.expected_fields
@@ -435,9 +435,9 @@ def test_bad_tensors():
 @pytest.mark.parametrize("recipe", ["int8_block256", "fp8_e4m3_block256", "bnb_dynamic8_block256"])
 def test_kernel_equals_twin_on_rounding_ties(recipe):
     """beta1 = 0 makes m the gradient: every block's elements sit exactly on the ties of
-    the element cast (kernels/_validate_optim.py ``_ties``), where ``x / s`` and
+    the element cast (kernels/validate/optim.py ``_ties``), where ``x / s`` and
     ``x * (1 / s)`` or ``<`` and ``<=`` give different codes."""
-    from fpsim.kernels._validate_optim import _ties
+    from fpsim.kernels.validate.optim import _ties
 
     from fpsim.formats import RECIPES
 

@@ -1,4 +1,4 @@
-"""Optimizer-step cases of the validation harness (:mod:`fpsim.kernels.validate`).
+"""Validation of the fused optimizer step (:mod:`fpsim.kernels.validate`).
 
 :func:`run` compares the fused step :func:`fpsim.kernels.optim.adamw_step` with its emulator
 twin :func:`fpsim.kernels.optim.adamw_step_reference` (which the tests compare with
@@ -40,12 +40,25 @@ import numpy as np
 from fpsim.formats import RECIPES, BlockFormat, Codebook, Format, IntFormat, RoundMode, get_format
 from fpsim.optim import Adam, AdamW
 
+from .common import (
+    SHOWN,
+    Case,
+    Mismatch,
+    check_cases,
+    code_fields,
+    f32_fields,
+    guard,
+    is_nan_code,
+    random_words,
+    torch_module,
+)
+
 _F32 = np.float32
 
 
 def applies(bf: BlockFormat, mode: RoundMode) -> bool:
     """Whether the kernel has a row for this recipe and master rounding mode."""
-    from .optim import STATE_RECIPES
+    from ..optim import STATE_RECIPES
 
     return bf.name in STATE_RECIPES and mode in (RoundMode.NEAREST_EVEN, RoundMode.STOCHASTIC)
 
@@ -144,7 +157,7 @@ def _problems(bf: BlockFormat, quick: bool, seed: int = 0) -> Iterator[_Problem]
 
 @functools.cache
 def _trace_problems(quick: bool) -> tuple:
-    """The bundled sample trace's steps (those :func:`fpsim.kernels.validate._trace_tensors`
+    """The bundled sample trace's steps (those :func:`fpsim.kernels.validate.common.trace_tensors`
     picks), every tensor flattened and concatenated per role."""
     from fpsim.trace import open_trace, sample_trace_path
 
@@ -253,31 +266,27 @@ def _ref_int64(a: np.ndarray) -> np.ndarray:
 
 def _nan_mask(codes: np.ndarray, fmt: Any) -> np.ndarray:
     """Which int64 codes are NaN in ``fmt`` (an element format; None: float32 bits)."""
-    from .validate import _is_nan_code
-
     if fmt is None:
         return np.isnan(codes.astype(np.uint32).view(_F32))
     if isinstance(fmt, (Format, IntFormat)):
-        return _is_nan_code(codes, fmt)
+        return is_nan_code(codes, fmt)
     return np.zeros(codes.shape, bool)  # codebook codes are indices
 
 
 def _fields(code: int, fmt: Any) -> str:
-    from .validate import _code_fields, _f32_fields
-
     if fmt is None:
-        return _f32_fields(code)
+        return f32_fields(code)
     if isinstance(fmt, Codebook):
         return (
             f"0x{code:02x} (entry {code}) = {float(fmt.table[code]) if code < len(fmt.values) else 'invalid'}"
         )
-    return _code_fields(code, fmt)
+    return code_fields(code, fmt)
 
 
 def _outputs(opts: dict[str, Any]) -> list[tuple[str, Any, int]]:
     """(output name, format of its codes (None: float32 bits), elements per output element)
     in AdamStep order."""
-    from .optim import state_recipe
+    from ..optim import state_recipe
 
     out: list[tuple[str, Any, int]] = [("p", get_format(opts["master"]), 1)]
     for which in ("m", "v"):
@@ -287,54 +296,77 @@ def _outputs(opts: dict[str, Any]) -> list[tuple[str, Any, int]]:
     return out
 
 
-def run(fmt: BlockFormat, rounding: RoundMode, *, cases: str, device: str, name: str) -> list[Any]:
+def run(fmt: BlockFormat, rounding: RoundMode, *, cases: str, device: str, name: str) -> list[Case]:
     """One :class:`~fpsim.kernels.validate.Case` per variant comparing the kernel with its
     twin on every problem (see the module docstring); codes and scales counted together."""
-    import fpsim
-
-    from ._loader import require_torch
-    from .optim import adamw_step, adamw_step_reference
-    from .validate import _SHOWN, Case, Mismatch, _check_cases, _guard, _random_words
-
-    torch = require_torch()
-    quick = _check_cases(cases)
+    torch = torch_module()
+    quick = check_cases(cases)
     out = []
     for opts in _variants(fmt, rounding, quick):
         case = Case(name, fmt.name, rounding.value, _describe(opts))
-        outputs = _outputs(opts)
         rng = np.random.default_rng([11, len(out)])
         try:
             for k, pr in enumerate(_problems(fmt, quick)):
-                opt = opts["optimizer"] if pr.betas is None else replace(opts["optimizer"], betas=pr.betas)
-                kw0 = {"optimizer": opt, "m_recipe": opts["m"], "v_recipe": opts["v"]}
-                kw0.update(master=opts["master"], rounding=rounding, lr=pr.lr)
-                p = fpsim.encode(pr.p0, opts["master"])
-                state = [*_initial_state(np.zeros_like(pr.p0) if pr.m0 is None else pr.m0, opts["m"])]
-                state += [*_initial_state(np.zeros_like(pr.p0) if pr.v0 is None else pr.v0, opts["v"])]
-                for i, g in enumerate(pr.grads):
-                    kw = dict(kw0, step=pr.first + i)
-                    tkw = dict(kw)
-                    if rounding is RoundMode.STOCHASTIC:
-                        if opts["random"] == "seed":
-                            kw["seed"] = tkw["seed"] = 1000 * k + 17 * i + 5
-                        else:
-                            kw["random_bits"] = _random_words(p.size, rng).reshape(p.shape)
-                            tkw["random_bits"] = _to_torch(torch, kw["random_bits"], device).view(torch.int32)
-                    want = adamw_step_reference(p, g, *state, **kw)
-                    args = [_to_torch(torch, a, device) for a in (p, g, *state)]
-                    with _guard(device):
-                        got = adamw_step(*args, **tkw)
-                    where = f"{pr.name} step {pr.first + i}"
-                    for (oname, ofmt, per), w, gt in zip(outputs, want, got):
-                        _tally(case, f"{where} {oname}", ofmt, per, g, w, gt, torch, _SHOWN, Mismatch)
-                    p, state = want[0], list(want[1:])
+                _run_problem(case, _Step(torch, opts, rounding, device, rng), pr, k)
         except Exception as e:  # noqa: BLE001 - reported in the case
             case.error = f"{type(e).__name__}: {e}"
         out.append(case)
     return out
 
 
-def _tally(case, where, ofmt, per, g, want, got, torch, shown, Mismatch) -> None:
+@dataclass(frozen=True)
+class _Step:
+    """What every step of one variant shares: torch, the variant's options, the master
+    rounding, the device and the random words' generator."""
+
+    torch: Any
+    opts: dict[str, Any]
+    rounding: RoundMode
+    device: str
+    rng: np.random.Generator
+
+    def random_kwargs(self, p: np.ndarray, seed: int) -> tuple[dict[str, Any], dict[str, Any]]:
+        """The twin's and the kernel's random source for one step (empty unless stochastic)."""
+        if self.rounding is not RoundMode.STOCHASTIC:
+            return {}, {}
+        if self.opts["random"] == "seed":
+            return {"seed": seed}, {"seed": seed}
+        words = random_words(p.size, self.rng).reshape(p.shape)
+        return {"random_bits": words}, {
+            "random_bits": _to_torch(self.torch, words, self.device).view(self.torch.int32)
+        }
+
+
+def _run_problem(case: Case, st: _Step, pr: _Problem, k: int) -> None:
+    """Every step of problem ``k``, kernel against twin, each from the twin's previous outputs."""
+    import fpsim
+
+    from .. import optim as kernel  # looked up at the call: the tests replace adamw_step
+
+    opts = st.opts
+    opt = opts["optimizer"] if pr.betas is None else replace(opts["optimizer"], betas=pr.betas)
+    kw0 = {"optimizer": opt, "m_recipe": opts["m"], "v_recipe": opts["v"]}
+    kw0.update(master=opts["master"], rounding=st.rounding, lr=pr.lr)
+    p = fpsim.encode(pr.p0, opts["master"])
+    state = [*_initial_state(np.zeros_like(pr.p0) if pr.m0 is None else pr.m0, opts["m"])]
+    state += [*_initial_state(np.zeros_like(pr.p0) if pr.v0 is None else pr.v0, opts["v"])]
+    outputs = _outputs(opts)
+    for i, g in enumerate(pr.grads):
+        rkw, tkw = st.random_kwargs(p, 1000 * k + 17 * i + 5)
+        kw = dict(kw0, step=pr.first + i)
+        want = kernel.adamw_step_reference(p, g, *state, **kw, **rkw)
+        args = [_to_torch(st.torch, a, st.device) for a in (p, g, *state)]
+        with guard(st.device):
+            got = kernel.adamw_step(*args, **kw, **tkw)
+        where = f"{pr.name} step {pr.first + i}"
+        for (oname, ofmt, per), w, gt in zip(outputs, want, got):
+            _tally(case, f"{where} {oname}", ofmt, per, g, w, gt, st.torch)
+        p, state = want[0], list(want[1:])
+
+
+def _tally(
+    case: Case, where: str, ofmt: Any, per: int, g: np.ndarray, want: Any, got: Any, torch: Any
+) -> None:
     """Count one output's mismatches; keep the first with the gradient element (for a
     scale: the block's first) as the input."""
     if want is None:
@@ -350,7 +382,7 @@ def _tally(case, where, ofmt, per, g, want, got, torch, shown, Mismatch) -> None
     case.compared += int(w.size)
     case.mismatches += int(bad.sum())
     gflat = np.asarray(g, _F32).reshape(-1)
-    for i in np.flatnonzero(bad)[: max(0, shown - len(case.first))]:
+    for i in np.flatnonzero(bad)[: max(0, SHOWN - len(case.first))]:
         j = min(int(i) * per, gflat.size - 1)
         gv = gflat[j : j + 1]
         case.first.append(

@@ -1,4 +1,4 @@
-"""Block-recipe cases of the validation harness (:mod:`fpsim.kernels.validate`).
+"""Validation of block-encode kernels (:mod:`fpsim.kernels.validate`), against the block recipes.
 
 :func:`validate_blocks` runs a block-encode kernel (:func:`fpsim.kernels.blocks.encode_blocks`
 or any callable with its signature) on inputs where block scaling can go wrong and compares
@@ -19,7 +19,9 @@ from typing import Any
 
 import numpy as np
 
-from fpsim.formats import BlockFormat, RoundMode
+from fpsim.formats import BlockFormat, Codebook, RoundMode
+
+from .common import SHOWN, Case, Mismatch, input_bits, trace_tensors
 
 
 def _shapes(bf: BlockFormat, quick: bool) -> list[tuple]:
@@ -43,15 +45,13 @@ def _specials(rng: np.random.Generator, shape: tuple) -> np.ndarray:
 
 def input_blocks(bf: BlockFormat, quick: bool, seed: int = 0) -> list[tuple[str, np.ndarray]]:
     """(name, float32 array) input sets for a block recipe (see the module doc)."""
-    from .validate import _trace_tensors
-
     rng = np.random.default_rng(seed)
     two_d = bf.block is not None and len(bf.block) == 2
     out = [("specials", _specials(rng, (130, 135) if two_d else (5, 301)))]
     if not quick:
         out.append(("random", _specials(rng, (257, 131) if two_d else (4099,))))
     out += [(f"shape {s}", _specials(rng, s)) for s in _shapes(bf, quick)]
-    for name, arrays in _trace_tensors(quick):
+    for name, arrays in trace_tensors(quick):
         for i, a in enumerate(arrays[:4] if quick else arrays):
             if a.size == 0:
                 continue
@@ -61,16 +61,22 @@ def input_blocks(bf: BlockFormat, quick: bool, seed: int = 0) -> list[tuple[str,
     return out
 
 
+def applies(bf: BlockFormat, mode: RoundMode) -> bool:
+    """Whether ``blocks.encode_blocks`` has a row for the recipe and mode: codebook recipes
+    round to the nearest entry only; lookup-table codebooks have no kernel."""
+    if isinstance(bf.element, Codebook):
+        return mode is RoundMode.NEAREST_EVEN and not bf.element.lut_bins
+    return True
+
+
 def validate_blocks(
     fn: Any, bf: BlockFormat, rounding: RoundMode, *, cases: str, device: str, name: str
-) -> list[Any]:
+) -> list[Case]:
     """One :class:`~fpsim.kernels.validate.Case` comparing ``fn`` with the emulator on every
     input set: codes and scales counted together, the first mismatches kept (codes)."""
     import torch
 
     from fpsim.emulate.blocks import encode_blocks as ref
-
-    from .validate import _SHOWN, Case, Mismatch, _input_bits
 
     case = Case(name, bf.name, rounding.value, {"recipe": True})
     rng = np.random.default_rng(1)
@@ -95,10 +101,10 @@ def validate_blocks(
         )
         case.compared += codes.size + scales.size
         case.mismatches += int(bad_c.sum() + bad_s.sum() + ts_bad)
-        for i in np.flatnonzero(bad_c.reshape(-1))[: max(0, _SHOWN - len(case.first))]:
+        for i in np.flatnonzero(bad_c.reshape(-1))[: max(0, SHOWN - len(case.first))]:
             v = x.reshape(-1)[i : i + 1]
             e, g = int(want.codes.reshape(-1)[i]), int(codes.reshape(-1)[i])
             case.first.append(
-                Mismatch(set_name, int(i), _input_bits(v), float(v[0]), e, g, f"code {e:#x}", f"code {g:#x}")
+                Mismatch(set_name, int(i), input_bits(v), float(v[0]), e, g, f"code {e:#x}", f"code {g:#x}")
             )
     return [case]
