@@ -29,8 +29,9 @@ from typing import Any
 import numpy as np
 
 from ..formats import Format, RoundMode, get_format
-from . import element as emulate
-from .blocks import BlockCodes, _as_f32
+from . import element
+from .blocks import BlockCodes, float32_input
+from .random import stochastic_words
 
 __all__ = ["DelayedScaling", "DelayedState"]
 
@@ -87,18 +88,26 @@ class DelayedScaling:
         x: Any,
         *,
         rounding: RoundMode | str = RoundMode.NEAREST_EVEN,
-        **kwargs: Any,
+        random_bits: Any = None,
+        rng: np.random.Generator | int | None = None,
+        stochastic_bits: int = 32,
+        subnormals: bool = True,
     ) -> tuple[BlockCodes, DelayedState]:
         """Cast ``x`` with ``state.scale``, then update; returns the codes and the next state.
 
         The BlockCodes hold the decode scale ``f32(1/scale)`` as one float32 scale code.
-        ``kwargs`` (random_bits, rng, stochastic_bits) go to the element cast.
+        ``random_bits``, ``rng``, ``stochastic_bits`` and ``subnormals`` are those of
+        :func:`fpsim.emulate.element.encode`, for the element cast.
         """
-        x = _as_f32(x)
+        mode = RoundMode.parse(rounding)
+        x = float32_input(x)
+        rand = stochastic_words(np, mode, random_bits, rng, x.shape, stochastic_bits)
         scale = _F32(state.scale)
         with np.errstate(over="ignore", invalid="ignore"):  # x * FLT_MAX may overflow: saturates
-            scaled = x * scale
-        codes = emulate.encode(scaled, self._fmt, rounding=rounding, saturate=True, **kwargs)
+            scaled = np.asarray(x * scale)
+        codes = element.encode_array(
+            scaled, self._fmt, mode, saturate=True, subnormals=subnormals, rand=rand, nbits=stochastic_bits
+        )
         scale_inv = np.asarray(_F32(1) / scale).reshape(1).view(np.uint32)
         amax = np.fmax.reduce(np.abs(x), axis=None, initial=0, dtype=_F32)
         hist = state.history.astype(_F32, copy=True)

@@ -16,9 +16,12 @@ import numpy as np
 
 from ..formats import AnyFormat, Encoding, Format, IntFormat, RoundMode, get_format
 from . import _bitcore
-from .random import random_words
+from .random import stochastic_words
 
 __all__ = ["encode", "decode", "quantize"]
+
+# Names the other stages use (they hold resolved formats and modes): encode_array,
+# decode_array, decode_table, element_format, as_float_array, as_float32, is_ml_float.
 
 
 def encode(
@@ -59,21 +62,43 @@ def encode(
         format has one); formats without NaN give +0. Unsigned formats give NaN for
         negatives; E8M0 gives NaN for zero and its smallest value for anything below it.
     """
-    fmt, mode = _element(fmt), RoundMode.parse(rounding)
-    xp, x = _as_float_array(x)
-    rand = None
-    if mode is RoundMode.STOCHASTIC:
-        if not 1 <= stochastic_bits <= 32:
-            raise ValueError(f"stochastic_bits must be in [1, 32], got {stochastic_bits}")
-        rand = random_words(xp, random_bits, rng, x.shape)
+    fmt, mode = element_format(fmt), RoundMode.parse(rounding)
+    xp, x = as_float_array(x)
+    rand = stochastic_words(xp, mode, random_bits, rng, x.shape, stochastic_bits)
+    return encode_array(
+        x, fmt, mode, saturate=saturate, subnormals=subnormals, rand=rand, nbits=stochastic_bits
+    )
+
+
+def encode_array(
+    x: Any,
+    fmt: AnyFormat,
+    mode: RoundMode,
+    *,
+    saturate: bool = False,
+    subnormals: bool = True,
+    rand: Any = None,
+    nbits: int = 32,
+) -> Any:
+    """:func:`encode` of resolved arguments, for the stages that hold objects already.
+
+    Args:
+        x: a float32 or float64 array (numpy or JAX), as :func:`as_float_array` gives.
+        fmt: the element format; mode: the rounding mode.
+        saturate, subnormals: as for :func:`encode`.
+        rand: the uint32 words of a stochastic rounding, of ``x``'s shape (checked ones:
+            :func:`fpsim.emulate.random.stochastic_words`), else None.
+        nbits: random bits per rounding, 1 to 32.
+    """
+    xp = _namespace(x)
     if isinstance(fmt, IntFormat):
         if xp is np:
-            return _bitcore.encode_int_numpy(x, fmt, mode, saturate, rand, stochastic_bits)
-        return _bitcore.encode_int(xp, x, fmt, mode, saturate, rand, stochastic_bits)
+            return _bitcore.encode_int_numpy(x, fmt, mode, saturate, rand, nbits)
+        return _bitcore.encode_int(xp, x, fmt, mode, saturate, rand, nbits)
     ftz = not (subnormals and fmt.subnormals)
     if xp is np:
-        return _bitcore.encode_float_numpy(x, fmt, mode, saturate, ftz, rand, stochastic_bits)
-    return _bitcore.encode_float(xp, x, fmt, mode, saturate, ftz, rand, stochastic_bits)
+        return _bitcore.encode_float_numpy(x, fmt, mode, saturate, ftz, rand, nbits)
+    return _bitcore.encode_float(xp, x, fmt, mode, saturate, ftz, rand, nbits)
 
 
 def decode(codes: Any, fmt: str | AnyFormat) -> Any:
@@ -84,7 +109,11 @@ def decode(codes: Any, fmt: str | AnyFormat) -> Any:
     give zero. numpy codes are range-checked (ValueError); JAX codes cannot be checked inside
     ``jit``, and out-of-range ones give unspecified values.
     """
-    fmt = _element(fmt)
+    return decode_array(codes, element_format(fmt))
+
+
+def decode_array(codes: Any, fmt: AnyFormat) -> Any:
+    """:func:`decode` with the format resolved (numpy or JAX codes, range-checked on numpy)."""
     xp = _namespace(codes)
     codes = xp.asarray(codes)
     if not np.issubdtype(codes.dtype, np.integer):
@@ -109,7 +138,8 @@ def decode(codes: Any, fmt: str | AnyFormat) -> Any:
 
 def quantize(x: Any, fmt: str | AnyFormat, **kwargs: Any) -> Any:
     """``decode(encode(x, fmt, **kwargs), fmt)``: ``x`` rounded to ``fmt``, as float32."""
-    return decode(encode(x, fmt, **kwargs), fmt)
+    fmt = element_format(fmt)
+    return decode_array(encode(x, fmt, **kwargs), fmt)
 
 
 @cache
@@ -146,7 +176,10 @@ def _float_table(fmt: Format, code: np.ndarray) -> np.ndarray:
     return value.astype(np.float32)
 
 
-def _element(fmt: Any) -> AnyFormat:
+def element_format(fmt: Any) -> AnyFormat:
+    """The element format ``fmt`` names (or is); TypeError for a block format."""
+    if isinstance(fmt, (Format, IntFormat)):
+        return fmt
     fmt = get_format(fmt)
     if not isinstance(fmt, (Format, IntFormat)):
         raise TypeError(f"{fmt.name} is a block format: use fpsim.encode / fpsim.decode for it")
@@ -160,15 +193,18 @@ def _namespace(a: Any) -> Any:
     return np
 
 
-def _as_float_array(x: Any) -> tuple[Any, Any]:
-    """(xp, array) with the array float32 or float64, converted exactly where possible."""
+def as_float_array(x: Any) -> tuple[Any, Any]:
+    """(xp, array) with the array float32 or float64, converted exactly where possible.
+
+    ``xp`` is numpy or jax.numpy, after the input. Raises TypeError for other dtypes.
+    """
     xp = _namespace(x)
     if xp is np:
         x = np.asarray(x)
     dt = np.dtype(x.dtype)
     if dt in (np.float32, np.float64):
         return xp, x
-    if dt.kind in "iub" or dt == np.float16 or _is_ml_float(dt):
+    if dt.kind in "iub" or dt == np.float16 or is_ml_float(dt):
         wide = dt.kind in "iu" and dt.itemsize > 2
         if wide and xp is not np and not _jax_x64():
             raise TypeError(
@@ -184,7 +220,19 @@ def _jax_x64() -> bool:
     return bool(jax.config.read("jax_enable_x64"))
 
 
-def _is_ml_float(dt: np.dtype) -> bool:
+def as_float32(x: Any) -> np.ndarray:
+    """``x`` as a float32 numpy array: exact for float16, bfloat16 and the other ml_dtypes
+    floats and for integers up to 2**24, float64 rounded to nearest (overflow gives inf)."""
+    x = np.asarray(x)
+    if x.dtype == np.float32:
+        return x
+    with np.errstate(over="ignore"):
+        return as_float_array(x)[1].astype(np.float32)
+
+
+def is_ml_float(dt: np.dtype) -> bool:
+    """Whether ``dt`` is an ml_dtypes floating-point type of at most 16 bits (bfloat16, the
+    float8/6/4 types): those convert to float32 exactly."""
     try:
         import ml_dtypes
 
@@ -192,3 +240,8 @@ def _is_ml_float(dt: np.dtype) -> bool:
     except (TypeError, ValueError):
         return False
     return dt.itemsize <= 2
+
+
+# fpsim.accumulate imports these two by their old names; it should use the public ones.
+_as_float_array = as_float_array
+_is_ml_float = is_ml_float

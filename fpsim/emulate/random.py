@@ -5,6 +5,8 @@ same words must agree bit for bit:
 
 - :func:`random_words`: the words the verbs ``encode``/``quantize`` use: the caller's
   ``random_bits``, or ``rng.integers(0, 2**32)`` of a numpy Generator or an int seed.
+- :func:`stochastic_words`: the same, for a rounding mode: None unless it is stochastic,
+  with ``stochastic_bits`` checked (what the verbs of every kind of format call).
 - :func:`random_bits_at`: counter-based words for flat positions ``start .. start + n``
   (SplitMix64 of the seed and the index, Steele, Lea and Flood, "Fast splittable
   pseudorandom number generators", OOPSLA 2014), so that a chunk of a tensor draws the same
@@ -23,7 +25,9 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["random_bits_at", "random_words"]
+from ..formats import RoundMode
+
+__all__ = ["random_bits_at", "random_words", "stochastic_words"]
 
 
 def random_bits_at(seed: int, start: int, n: int) -> np.ndarray:
@@ -59,3 +63,20 @@ def random_words(xp: Any, random_bits: Any, rng: Any, shape: tuple) -> Any:
     if tuple(random_bits.shape) != tuple(shape):
         raise ValueError(f"random_bits has shape {tuple(random_bits.shape)}; x has {tuple(shape)}")
     return random_bits
+
+
+def stochastic_words(
+    xp: Any, mode: RoundMode, random_bits: Any, rng: Any, shape: tuple, stochastic_bits: int
+) -> Any:
+    """The words a rounding in ``mode`` uses: None for a deterministic mode, else
+    :func:`random_words` (``random_bits`` checked, or drawn from ``rng``).
+
+    Raises:
+        ValueError: ``stochastic_bits`` outside [1, 32] for stochastic rounding, and as
+            :func:`random_words`.
+    """
+    if mode is not RoundMode.STOCHASTIC:
+        return None
+    if not 1 <= stochastic_bits <= 32:
+        raise ValueError(f"stochastic_bits must be in [1, 32], got {stochastic_bits}")
+    return random_words(xp, random_bits, rng, shape)

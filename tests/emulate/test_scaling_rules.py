@@ -776,7 +776,7 @@ def test_codebook_bucket_lookup_equals_searchsorted_on_every_bucket_edge(signed)
     """The O(1) nearest lookup (top 16 bits of the float32 pick a bucket) against numpy's
     searchsorted over the float32 midpoints, on both ends of every bucket, every midpoint and
     its neighbours, and random values."""
-    from fpsim.emulate.blocks import _codebook_round
+    from fpsim.emulate.scale_rules import codebook_round
     from fpsim.formats import RoundMode
 
     c = Codebook.bnb_dynamic(signed).table
@@ -793,7 +793,7 @@ def test_codebook_bucket_lookup_equals_searchsorted_on_every_bucket_edge(signed)
         ]
     )
     v = np.clip(v[np.isfinite(v)], -1, 1).astype(F32)
-    got = _codebook_round(v, c, RoundMode.NEAREST_EVEN, None, 32)
+    got = codebook_round(v, c, RoundMode.NEAREST_EVEN, None, 32)
     R.assert_hex_equal(got, np.searchsorted(mid, v, side="left"), "bucket lookup", inputs=v)
 
 

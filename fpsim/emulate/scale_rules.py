@@ -1,0 +1,178 @@
+"""The scale rules of block formats: from the blocks' amaxes to scales and element inputs.
+
+Each rule of :class:`~fpsim.formats.block.ScaleRule` is written from its source (Transformer
+Engine's recipe kernels, OCP MX v1.0 section 6.3, torchao's MX and low-bit optimizer code,
+bitsandbytes' blockwise quantization), with float32 arithmetic in the order those systems
+use, so the codes and scales match them bit for bit. Element casts go through
+:func:`fpsim.emulate.element.encode_array` (saturating, any rounding mode). The blocking
+itself (shapes, chunks, the compiled loops) is :mod:`fpsim.emulate.blocks`.
+
+All functions take blocked arrays (axes in (count, block) pairs) and resolved objects.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from ..formats import BlockFormat, Codebook, Format, RoundMode, ScaleRule
+from . import element
+
+__all__ = ["prescale", "codebook_codes", "codebook_round", "nearest_buckets"]
+
+_F32 = np.float32
+_FLT_MAX = np.finfo(np.float32).max
+_R = RoundMode
+
+
+def prescale(xb: np.ndarray, amax: np.ndarray, bf: BlockFormat, tensor_amax: float | None):
+    """Element inputs (before the cast), scale codes and tensor scale for non-codebook rules."""
+    rule, elem_max = bf.rule, _F32(bf.elem_max)
+    if rule is ScaleRule.TE:
+        # Transformer Engine recipe_common.cuh compute_scale_from_amax
+        a = np.where(amax < _F32(bf.eps), _F32(bf.eps), amax)
+        scale = np.where(np.isinf(a) | (a == 0) | np.isnan(a), _F32(1), elem_max / a)
+        scale = np.where(np.isinf(scale), _FLT_MAX, scale).astype(_F32)
+        if bf.pow2:
+            scale = (scale.view(np.uint32) & np.uint32(0xFF800000)).view(_F32)
+        return xb * scale, (_F32(1) / scale).view(np.uint32), None
+    if rule is ScaleRule.ABSMAX:
+        s = (np.maximum(amax, _F32(bf.eps)) / elem_max).astype(_F32)
+        return xb / np.where(s == 0, _F32(1), s), s.view(np.uint32), None
+    if rule is ScaleRule.NVFP4:
+        return _nvfp4(xb, amax, bf, tensor_amax)
+    e = _mx_exponent(amax, bf)
+    nan = ~np.isfinite(amax) | (e > 127)
+    e = np.maximum(e, -127)
+    codes = np.where(nan, 255, e + 127).astype(np.uint8)
+    v = np.where(nan, np.nan, np.ldexp(xb.astype(np.float64), np.where(nan, 0, -e).astype(np.int32)))
+    return v, codes, None
+
+
+def _mx_exponent(amax: np.ndarray, bf: BlockFormat) -> np.ndarray:
+    """Unclamped shared exponent of each block (OCP MX v1.0 6.3 and its variants)."""
+    emax = math.frexp(bf.elem_max)[1] - 1  # floor(log2(elem_max)): E4M3 8, E2M1 2, INT8 0
+    bits = amax.astype(_F32).view(np.uint32)
+    if bf.rule is ScaleRule.MX_EVEN:  # round amax half-up to the element's significand width
+        el = bf.element
+        m = el.mantissa_bits if isinstance(el, Format) else el.bits - 2
+        bits = (bits + np.uint32(1 << (22 - m))) & np.uint32(0xFF800000)
+    if bf.rule is ScaleRule.MX_RCEIL:  # ceil to a power of two of amax * (1 / elem_max)
+        d = (amax.astype(_F32) * _F32(1 / bf.elem_max)).view(np.uint32)
+        biased, mant = (d >> 23).astype(np.int64), d & np.uint32(0x7FFFFF)
+        up = np.where(biased == 0, mant > 0x400000, mant != 0)
+        return biased + up - 127
+    e = ((bits >> 23) & np.uint32(0xFF)).astype(np.int64) - 127 - emax
+    if bf.rule is ScaleRule.MX_CEIL:
+        e = e + ((bits & np.uint32(0x7FFFFF)) != 0)
+    return e
+
+
+def _nvfp4(xb: np.ndarray, amax: np.ndarray, bf: BlockFormat, tensor_amax: float | None):
+    """Transformer Engine NVFP4 (core_nvfp4.cuh): FP32 tensor scale, E4M3 block scales."""
+    if tensor_amax is None:
+        amax_t = np.fmax.reduce(amax, axis=None, initial=0, dtype=_F32)
+    else:
+        amax_t = _F32(tensor_amax)
+    s_enc = np.fmin(_F32(2688) / amax_t, _FLT_MAX)  # 448 * 6
+    s_enc = _F32(1) if (amax_t == 0 or s_enc == 0) else _F32(s_enc)
+    s_dec = _F32(1) / s_enc
+    sdb = np.fmin(amax * (s_enc * _F32(1 / 6)), _FLT_MAX)
+    e4m3 = bf.scale_format
+    s8 = element.encode_array(sdb, e4m3, _R.NEAREST_EVEN, saturate=True)
+    s8v = element.decode_array(s8, e4m3)
+    c = np.where(s8v == 0, _FLT_MAX, np.fmin(_F32(1) / (s8v * s_dec), _FLT_MAX))
+    return xb * c, s8, float(s_dec)
+
+
+def codebook_codes(xb, amax, book: Codebook, mode: RoundMode, rand, nbits: int):
+    """bitsandbytes blockwise quantization: ``x * f32(1/absmax)``, then a codebook index."""
+    c = book.table
+    if book.lut_bins:  # bitsandbytes 0.50.2 CPU kernel
+        v = np.clip(xb * (_F32(1) / amax), _F32(-1), _F32(1))
+        a = ((v + _F32(1)) * _F32(0.5)).astype(np.float64)
+        k = (a * (book.lut_bins - 1) + 0.5).astype(_F32)  # one rounding, as the fused FMA
+        k = np.where(np.isnan(k), 0, np.trunc(k)).astype(np.int64) & 0xFFFF
+        q = _bnb_lut(book)[k]
+        q = np.where(amax == 0, 0, q).astype(np.uint8)
+    else:  # bitsandbytes' CUDA and pure-torch paths: nearest entry, ties to the lower one
+        v = xb * (_F32(1) / np.maximum(amax, _F32(1e-38)))
+        if mode is not _R.NEAREST_EVEN:  # (the nearest-entry buckets map |v| > 1 to the ends)
+            v = np.clip(v, _F32(-1), _F32(1))
+        q = codebook_round(v, c, mode, rand, nbits)
+    return q, amax.astype(_F32).view(np.uint32), None
+
+
+def codebook_round(v, c, mode: RoundMode, rand, nbits: int) -> np.ndarray:
+    if mode is _R.NEAREST_EVEN:
+        base, thr = nearest_buckets(c)
+        key = v.astype(_F32, copy=False).view(np.uint32) >> np.uint32(16)
+        q = base[key]
+        np.add(q, v > thr[key], out=q, casting="unsafe")
+        return q
+    if mode not in (_R.STOCHASTIC, _R.TOWARD_ZERO, _R.TOWARD_POSITIVE, _R.TOWARD_NEGATIVE):
+        raise ValueError(
+            f"codebook elements take rounding nearest_even, stochastic or a directed mode, got {mode.value}"
+        )
+    lo = np.clip(np.searchsorted(c, v, side="right") - 1, 0, c.size - 2)
+    exact = c[lo] == v
+    if mode is _R.STOCHASTIC:  # up iff floor(f * 2**n) + R >= 2**n, f the fraction of the gap
+        f = (v.astype(np.float64) - c[lo]) / (c[lo + 1].astype(np.float64) - c[lo])
+        r = (rand & np.uint32((1 << nbits) - 1)).astype(np.float64)
+        up = np.floor(f * 2.0**nbits) + r >= 2.0**nbits
+    elif mode is _R.TOWARD_POSITIVE:
+        up = ~exact
+    elif mode is _R.TOWARD_NEGATIVE:
+        up = np.zeros(v.shape, bool)
+    else:
+        up = (~exact) & (v < 0)
+    q = lo + (up & ~exact)
+    return np.where(v < c[0], 0, q).astype(np.uint8)  # below the first entry: it is the only one
+
+
+_BUCKETS: dict[bytes, tuple[np.ndarray, np.ndarray]] = {}
+
+
+def nearest_buckets(c: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """O(1) form of ``searchsorted(f32 midpoints, v, side="left")`` for float32 ``v``.
+
+    The float32 values sharing their top 16 bits form an interval; over it the index is a
+    step function with at most one step for these codebooks, so index = ``base[key] +
+    (v > thr[key])`` (``thr`` = the midpoint inside the interval, or +inf); values beyond
+    the ends get the end entries and NaN the last entry. Built once per codebook; intervals
+    holding two or more midpoints are refused (they do not occur in the bitsandbytes maps;
+    the tests compare with searchsorted on every float32 bucket edge).
+    """
+    k = c.tobytes()
+    if k not in _BUCKETS:
+        mid = (c[:-1] + c[1:]) / _F32(2)
+        keys = np.arange(1 << 16, dtype=np.uint32) << np.uint32(16)
+        a, b = keys.view(_F32), (keys | np.uint32(0xFFFF)).view(_F32)
+        lo, hi = np.minimum(a, b), np.maximum(a, b)
+        with np.errstate(invalid="ignore"):
+            q_lo = np.searchsorted(mid, lo, side="left")
+            q_hi = np.searchsorted(mid, hi, side="left")
+        finite = np.isfinite(lo) & np.isfinite(hi)
+        if np.any(finite & (q_hi - q_lo > 1)):
+            raise ValueError("codebook too dense for the bucket lookup")
+        thr = np.where(q_hi > q_lo, mid[np.minimum(q_lo, mid.size - 1)], np.inf).astype(_F32)
+        nan = (keys & np.uint32(0x7F800000)) == np.uint32(0x7F800000)  # NaN (and inf) keys
+        q_lo[nan], thr[nan] = c.size - 1, np.inf  # NaN -> the last entry, as bitsandbytes
+        _BUCKETS[k] = (q_lo.astype(np.uint8), thr)
+    return _BUCKETS[k]
+
+
+_LUTS: dict[tuple, np.ndarray] = {}
+
+
+def _bnb_lut(book: Codebook) -> np.ndarray:
+    """Index of the nearest entry for each of the bins' grid points (bitsandbytes CPU)."""
+    key = book.values
+    if key not in _LUTS:
+        c = book.table
+        i = np.arange(book.lut_bins, dtype=_F32)
+        grid = (i + i) / _F32(book.lut_bins - 1) - _F32(1)
+        mid = (c[:-1] + c[1:]) * _F32(0.5)
+        _LUTS[key] = np.searchsorted(mid, grid, side="left").astype(np.uint8)
+    return _LUTS[key]
