@@ -9,7 +9,7 @@ private memory is capped with ``RLIMIT_DATA = --limit-mb`` (numpy and Python all
 count, read-only file mappings and the page cache do not; worker processes inherit the cap):
 
 1. ``fpsim.analysis.run.analyze`` in one process (memory-mapped reads);
-2. :func:`fpsim.distributed.executor.analyze_distributed` on a LocalCluster of 1 worker process;
+2. :func:`fpsim.distributed.analyze_distributed` on a LocalCluster of 1 worker process;
 3. the same with 2 worker processes (Dask ``memory_limit`` = ``--limit-mb`` per worker too).
 
 The client process (which also hosts the scheduler and the nannies of the LocalCluster)
@@ -55,7 +55,7 @@ else:
     from fpsim.distributed import analyze_distributed, local_client
     client = local_client(workers, 1, limit)
     pids = list(client.run(os.getpid).values())
-    client.run(lambda: __import__("fpsim.distributed.executor"))  # imports done before the clock starts
+    client.run(lambda: __import__("fpsim.distributed.worker"))  # imports done before the clock starts
     print(json.dumps({"pids": pids}), flush=True)
     t = time.perf_counter()
     res = analyze_distributed(sys.argv[1], formats, swamping=swamping, scheduler=client, progress=False)

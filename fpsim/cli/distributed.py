@@ -1,7 +1,7 @@
 """Command-line helpers for running ``fpsim analyze`` on Dask (``--dask local|ADDRESS``).
 
 :func:`add_dask_argument` adds the options to a parser and :func:`run_analyze` runs the
-analysis they ask for with :func:`fpsim.distributed.executor.analyze_distributed`. Importing this
+analysis they ask for with :func:`fpsim.distributed.analyze_distributed`. Importing this
 module imports neither dask nor distributed.
 """
 
@@ -67,7 +67,7 @@ def run_analyze(args: argparse.Namespace, formats: Sequence[Any]) -> Any:
     Raises:
         ValueError: ``args.dask`` is not set.
     """
-    from ..distributed.executor import analyze_distributed
+    from ..distributed import analyze_distributed
 
     scheduler = getattr(args, "dask", None)
     if not scheduler:

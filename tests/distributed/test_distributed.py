@@ -22,11 +22,15 @@ pytest.importorskip("fsspec")
 from fpsim.analysis import Analysis, analyze  # noqa: E402
 from fpsim.analysis.metrics import CHUNK  # noqa: E402
 from fpsim.cli.distributed import add_dask_argument, run_analyze  # noqa: E402
+from fpsim.distributed import analyze as distributed_analyze  # noqa: E402
 from fpsim.distributed import analyze_distributed, replay_distributed  # noqa: E402
-from fpsim.distributed import executor as fd  # noqa: E402
+from fpsim.distributed import plan as distributed_plan  # noqa: E402
+from fpsim.distributed.replay import tensor_groups  # noqa: E402
+from fpsim.distributed.worker import shifted_seed  # noqa: E402
 from fpsim.emulate.random import random_bits_at  # noqa: E402
 from fpsim.replay import PRESETS, ReplayResult, replay  # noqa: E402
-from fpsim.trace import TraceError, TraceWriter, open_trace, sample_trace_path  # noqa: E402
+from fpsim.trace import TensorEntry, TraceError, TraceWriter, open_trace, sample_trace_path  # noqa: E402
+from fpsim.trace.remote import RangeReader, TensorLocation  # noqa: E402
 from fpsim.trace.safetensors_io import write_safetensors  # noqa: E402
 
 SAMPLE_FORMATS = [
@@ -140,8 +144,8 @@ def test_result_does_not_depend_on_batching(client, monkeypatch):
     """One chunk per task, and every tensor through the two-pass amax, give the same answer."""
     kw = dict(roundings=BOTH, steps=[10, 200], progress=False)
     want = analyze(None, ["nvfp4", "e4m3_tensor", "float8_e5m2"], **kw)
-    monkeypatch.setattr(fd, "_BATCH_WORK", 1)
-    monkeypatch.setattr(fd, "_AMAX_PART", 7)  # every tensor of > 7 elements takes the amax pass
+    monkeypatch.setattr(distributed_analyze, "_BATCH_WORK", 1)
+    monkeypatch.setattr(distributed_plan, "AMAX_PART", 7)  # every tensor of > 7 elements takes the amax pass
     got = analyze_distributed(None, ["nvfp4", "e4m3_tensor", "float8_e5m2"], scheduler=client, **kw)
     assert_same_analysis(got, want)
 
@@ -273,16 +277,20 @@ def test_worker_reader_checks_the_file(tmp_path):
     with TraceWriter(path) as w:
         w.write_step(0, {"grad": {"a": np.arange(10, dtype=np.float32)}})
     f = path / "step_000000.safetensors"
-    src = fd._Src(str(f), "grad:a", (10,), "float32")
-    with fd._Reader({}) as rd:
+
+    def loc(name: str, dtype: str) -> TensorLocation:
+        return TensorLocation(str(f), TensorEntry(0, "grad", name, f"grad:{name}", (10,), dtype, f))
+
+    src = loc("a", "float32")
+    with RangeReader({}) as rd:
         np.testing.assert_array_equal(rd.read(src, 3, 7), np.arange(3, 7, dtype=np.float32))
         with pytest.raises(TraceError, match="float32\\[10\\] in the file but float16\\[10\\]"):
-            rd.read(fd._Src(str(f), "grad:a", (10,), "float16"), 0, 1)
+            rd.read(loc("a", "float16"), 0, 1)
         with pytest.raises(TraceError, match="'grad:b' is missing"):
-            rd.read(fd._Src(str(f), "grad:b", (10,), "float32"), 0, 1)
+            rd.read(loc("b", "float32"), 0, 1)
     data = f.read_bytes()
     f.write_bytes(data[:-8])
-    with fd._Reader({}) as rd, pytest.raises(TraceError, match="truncated safetensors file"):
+    with RangeReader({}) as rd, pytest.raises(TraceError, match="truncated safetensors file"):
         rd.read(src, 0, 10)
     header = json.loads(data[8 : 8 + int.from_bytes(data[:8], "little")])
     assert header["grad:a"]["data_offsets"] == [0, 40]
@@ -291,7 +299,7 @@ def test_worker_reader_checks_the_file(tmp_path):
 def test_seed_shift_gives_the_bits_of_the_chunk_offset():
     """Swamping chunks shift the seed so measure_swamping draws the bits of offset + i."""
     for seed, offset in ((0, 0), (12345, CHUNK), (2**63 + 5, 7 * CHUNK + 3)):
-        shifted = (seed + offset * fd._GOLDEN_INV) % (1 << 64)
+        shifted = shifted_seed(seed, offset)
         np.testing.assert_array_equal(random_bits_at(shifted, 0, 1000), random_bits_at(seed, offset, 1000))
 
 
@@ -349,7 +357,7 @@ def test_replay_loss_scaler_couples_tensors(client, tmp_path):
 
 def test_tensor_groups_are_balanced():
     sizes = {"a": 100, "b": 60, "c": 50, "d": 10, "e": 1}
-    groups = fd._groups(sizes, 2)
+    groups = tensor_groups(sizes, 2)
     assert sorted(n for g in groups for n in g) == sorted(sizes)
     assert sorted(sum(sizes[n] for n in g) for g in groups) == [110, 111]
-    assert fd._groups({"a": 1}, 4) == [["a"]]
+    assert tensor_groups({"a": 1}, 4) == [["a"]]
