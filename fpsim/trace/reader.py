@@ -21,15 +21,21 @@ from typing import Any, Protocol
 import numpy as np
 
 from .errors import TraceError
+from .jsonvalues import parse_float
 from .safetensors_io import DTYPE_CODES, FLOAT_DTYPES, SafetensorsHeader, map_file, read_header, tensor_view
 
 __all__ = [
     "MANIFEST",
     "TRACE_VERSION",
+    "ManifestStep",
     "TensorEntry",
     "Trace",
     "check_role",
     "load_manifest_trace",
+    "manifest_entries",
+    "manifest_steps",
+    "parse_manifest",
+    "read_manifest",
     "step_file_name",
 ]
 
@@ -240,48 +246,106 @@ class Trace:
 # --- the manifest ---------------------------------------------------------------------------
 
 
-def parse_float(value: Any, where: str) -> float | None:
-    """A loss/lr value from JSON: a number, null, or "NaN" / "Infinity" / "-Infinity"."""
-    if value is None:
-        return None
-    if isinstance(value, (int, float)) and not isinstance(value, bool):
-        return float(value)
-    if value in ("NaN", "Infinity", "-Infinity"):
-        return float(value.replace("Infinity", "inf"))
-    raise TraceError(f"{where}: expected a number or null, got {value!r}")
+def parse_manifest(data: bytes, where: str) -> dict[str, Any]:
+    """Decode a trace manifest's bytes and validate its structure (version, metadata, steps).
 
+    The one reader of the manifest format (see :mod:`fpsim.trace`), for local folders
+    (:func:`read_manifest`) and remote ones (:mod:`fpsim.trace.remote`); the items of
+    ``"steps"`` are checked by :func:`manifest_steps`.
 
-def json_float(value: Any) -> float | str | None:
-    """A loss/lr value for JSON (non-finite values as "NaN" / "Infinity" / "-Infinity")."""
-    if value is None:
-        return None
-    v = float(value)
-    if math.isnan(v):
-        return "NaN"
-    if math.isinf(v):
-        return "Infinity" if v > 0 else "-Infinity"
-    return v
+    Args:
+        data: the file's bytes (UTF-8 JSON).
+        where: the manifest's path or URL, for messages.
+
+    Raises:
+        TraceError: not valid UTF-8 JSON, not a manifest, another version, or a bad
+            ``"metadata"`` / ``"steps"`` field, naming ``where``.
+    """
+    try:
+        manifest = json.loads(data.decode("utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise TraceError(f"{where}: corrupt trace manifest (not valid JSON: {e})") from e
+    if not isinstance(manifest, dict) or "fpsim_trace" not in manifest:
+        raise TraceError(f"{where}: not an fpsim trace manifest (no 'fpsim_trace' version field)")
+    if manifest["fpsim_trace"] != TRACE_VERSION:
+        version = manifest["fpsim_trace"]
+        raise TraceError(f"{where}: unsupported trace version {version!r} (this fpsim reads {TRACE_VERSION})")
+    if not isinstance(manifest.get("metadata", {}), dict):
+        raise TraceError(f"{where}: 'metadata' must be a JSON object")
+    if not isinstance(manifest.get("steps"), list):
+        raise TraceError(f"{where}: 'steps' must be a list")
+    return manifest
 
 
 def read_manifest(folder: Path) -> dict[str, Any]:
     """Parse and structurally validate ``folder/manifest.json``; raise TraceError naming it."""
     path = folder / MANIFEST
     try:
-        manifest = json.loads(path.read_text(encoding="utf-8"))
+        data = path.read_bytes()
     except OSError as e:
         raise TraceError(f"{path}: cannot read the trace manifest: {e}") from e
-    except (UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise TraceError(f"{path}: corrupt trace manifest (not valid JSON: {e})") from e
-    if not isinstance(manifest, dict) or "fpsim_trace" not in manifest:
-        raise TraceError(f"{path}: not an fpsim trace manifest (no 'fpsim_trace' version field)")
-    if manifest["fpsim_trace"] != TRACE_VERSION:
-        version = manifest["fpsim_trace"]
-        raise TraceError(f"{path}: unsupported trace version {version!r} (this fpsim reads {TRACE_VERSION})")
-    if not isinstance(manifest.get("metadata", {}), dict):
-        raise TraceError(f"{path}: 'metadata' must be a JSON object")
-    if not isinstance(manifest.get("steps"), list):
-        raise TraceError(f"{path}: 'steps' must be a list")
-    return manifest
+    return parse_manifest(data, str(path))
+
+
+@dataclass(frozen=True)
+class ManifestStep:
+    """One item of a manifest's ``"steps"`` list, its step and file name checked.
+
+    Attributes:
+        where: ``"<manifest>: steps[i]"``, the prefix of messages about the item.
+        step: the step number (non-negative, listed once).
+        file: the step file's name (a plain name inside the trace folder, listed once).
+        item: the item as parsed; :meth:`loss`, :meth:`lr` and :meth:`entries` check the rest.
+    """
+
+    where: str
+    step: int
+    file: str
+    item: Mapping[str, Any]
+
+    def loss(self) -> float | None:
+        """The recorded loss (see :func:`~fpsim.trace.jsonvalues.parse_float`)."""
+        return parse_float(self.item.get("loss"), self.where)
+
+    def lr(self) -> float | None:
+        """The recorded learning rate (see :func:`~fpsim.trace.jsonvalues.parse_float`)."""
+        return parse_float(self.item.get("lr"), self.where)
+
+    def entries(self, file: Path) -> list[TensorEntry]:
+        """The listed tensors as entries held by ``file`` (see :func:`manifest_entries`)."""
+        return manifest_entries(self.item.get("tensors"), self.where, self.step, file)
+
+
+def manifest_steps(manifest: Mapping[str, Any], where: str) -> Iterator[ManifestStep]:
+    """The items of a manifest parsed by :func:`parse_manifest`, in order, each checked as it comes.
+
+    Args:
+        manifest: the parsed manifest.
+        where: the manifest's path or URL, for messages.
+
+    Raises:
+        TraceError: an item that is not an object, a bad or repeated step, or a file name
+            that is not a plain name inside the folder or is listed twice.
+    """
+    seen_steps: set[int] = set()
+    seen_files: set[str] = set()
+    for i, item in enumerate(manifest["steps"]):
+        at = f"{where}: steps[{i}]"
+        if not isinstance(item, dict):
+            raise TraceError(f"{at} is not an object")
+        step = item.get("step")
+        if isinstance(step, bool) or not isinstance(step, int) or step < 0:
+            raise TraceError(f"{at}: 'step' must be a non-negative integer, got {step!r}")
+        if step in seen_steps:
+            raise TraceError(f"{where}: step {step} is listed twice")
+        seen_steps.add(step)
+        fname = item.get("file")
+        if not isinstance(fname, str) or Path(fname).name != fname or fname in ("", ".", ".."):
+            raise TraceError(f"{at}: 'file' must be a file name inside the trace folder, got {fname!r}")
+        if fname in seen_files:
+            raise TraceError(f"{where}: file {fname!r} is listed for two steps")
+        seen_files.add(fname)
+        yield ManifestStep(at, step, fname, item)
 
 
 def load_manifest_trace(folder: Path) -> Trace:
@@ -299,56 +363,60 @@ def load_manifest_trace(folder: Path) -> Trace:
     manifest = read_manifest(folder)
     records: list[StepRecord] = []
     sources: dict[Path, Source] = {}
-    seen_steps: set[int] = set()
-    for i, item in enumerate(manifest["steps"]):
-        where = f"{mpath}: steps[{i}]"
-        if not isinstance(item, dict):
-            raise TraceError(f"{where} is not an object")
-        step = item.get("step")
-        if isinstance(step, bool) or not isinstance(step, int) or step < 0:
-            raise TraceError(f"{where}: 'step' must be a non-negative integer, got {step!r}")
-        if step in seen_steps:
-            raise TraceError(f"{mpath}: step {step} is listed twice")
-        seen_steps.add(step)
-        fname = item.get("file")
-        if not isinstance(fname, str) or Path(fname).name != fname or fname in ("", ".", ".."):
-            raise TraceError(f"{where}: 'file' must be a file name inside the trace folder, got {fname!r}")
-        file = folder / fname
-        if file in sources:
-            raise TraceError(f"{mpath}: file {fname!r} is listed for two steps")
+    for ms in manifest_steps(manifest, str(mpath)):
+        file = folder / ms.file
         if not file.is_file():
-            raise TraceError(f"{file}: step file listed in {mpath} (step {step}) is missing")
-        record = StepRecord(step, parse_float(item.get("loss"), where), parse_float(item.get("lr"), where))
+            raise TraceError(f"{file}: step file listed in {mpath} (step {ms.step}) is missing")
+        record = StepRecord(ms.step, ms.loss(), ms.lr())
         header = read_header(file)
-        wanted = _manifest_entries(item.get("tensors"), where, step, file)
-        for e in wanted:
-            slot = header.tensors.get(e.key)
-            if slot is None:
-                raise TraceError(f"{file}: tensor {e.key!r} listed in the manifest is missing from the file")
-            if slot.shape != e.shape or slot.dtype != e.dtype:
-                raise TraceError(
-                    f"{file}: tensor {e.key!r} is {slot.dtype}{list(slot.shape)} in the file but "
-                    f"{e.dtype}{list(e.shape)} in the manifest"
-                )
-        extra = set(header.tensors) - {e.key for e in wanted}
-        if extra:
-            raise TraceError(f"{file}: tensors not listed in the manifest: {sorted(extra)}")
-        record.entries = wanted
+        record.entries = ms.entries(file)
+        _check_header(file, header, record.entries)
         records.append(record)
         sources[file] = SafetensorsSource(header)
-    listed = {p.name for p in sources}
+    _warn_orphans(folder, {p.name for p in sources})
+    return Trace(folder, manifest.get("metadata", {}), records, sources)
+
+
+def _check_header(file: Path, header: SafetensorsHeader, wanted: list[TensorEntry]) -> None:
+    """The step file's header holds exactly the manifest's keys, shapes and dtypes."""
+    for e in wanted:
+        slot = header.tensors.get(e.key)
+        if slot is None:
+            raise TraceError(f"{file}: tensor {e.key!r} listed in the manifest is missing from the file")
+        if slot.shape != e.shape or slot.dtype != e.dtype:
+            raise TraceError(
+                f"{file}: tensor {e.key!r} is {slot.dtype}{list(slot.shape)} in the file but "
+                f"{e.dtype}{list(e.shape)} in the manifest"
+            )
+    extra = set(header.tensors) - {e.key for e in wanted}
+    if extra:
+        raise TraceError(f"{file}: tensors not listed in the manifest: {sorted(extra)}")
+
+
+def _warn_orphans(folder: Path, listed: set[str]) -> None:
     orphans = sorted(p.name for p in folder.iterdir() if STEP_FILE_RE.match(p.name) and p.name not in listed)
     if orphans:
         warnings.warn(
             f"{folder}: step files not listed in {MANIFEST} are ignored (left by an interrupted write?): "
             f"{', '.join(orphans)}",
             RuntimeWarning,
-            stacklevel=3,
+            stacklevel=4,
         )
-    return Trace(folder, manifest.get("metadata", {}), records, sources)
 
 
-def _manifest_entries(tensors: Any, where: str, step: int, file: Path) -> list[TensorEntry]:
+def manifest_entries(tensors: Any, where: str, step: int, file: Path) -> list[TensorEntry]:
+    """The ``"tensors"`` list of one manifest step, checked, as entries held by ``file``.
+
+    Args:
+        tensors: the list as parsed.
+        where: the step's ``"<manifest>: steps[i]"``, for messages.
+        step: the step number.
+        file: the file the entries say holds them.
+
+    Raises:
+        TraceError: not a list of objects with a valid role, name, key, shape and dtype,
+            or a key listed twice.
+    """
     if not isinstance(tensors, list):
         raise TraceError(f"{where}: 'tensors' must be a list")
     out: list[TensorEntry] = []

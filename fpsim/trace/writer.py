@@ -21,12 +21,12 @@ import numpy as np
 
 from .convert import to_numpy
 from .errors import TraceError
+from .jsonvalues import json_float
 from .reader import (
     MANIFEST,
     STEP_FILE_RE,
     TRACE_VERSION,
     check_role,
-    json_float,
     load_manifest_trace,
     read_manifest,
     step_file_name,
