@@ -4,7 +4,8 @@
 counts (elements, nonzero, underflow, subnormal, overflow, saturated, NaN/inf already in the
 input), sums of squared error and signal, extrema and a log2-magnitude histogram.
 :func:`measure_swamping` returns a :class:`SwampPartial` for a parameter update. Partials
-merge with ``+`` (DESIGN.md: computed in chunks, streamed, reduced across workers).
+merge with ``+`` (:mod:`fpsim.analysis.partials`), so a tensor can be measured in chunks,
+streamed and reduced across workers.
 
 Reproducibility: a tensor is always cut into the same *canonical chunks* (a function of its
 shape and the recipe only, see :func:`chunk_slices`). Inside a chunk float sums are numpy's
@@ -28,16 +29,16 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterator
-from dataclasses import dataclass, field, fields
 from fractions import Fraction
 from typing import Any
 
 import numpy as np
 
-from ..emulate import element as emulate
-from ..emulate.blocks import decode_blocks, encode_blocks
+from .._compiled import Backend
+from ..emulate import blocks, element
 from ..emulate.random import random_bits_at
-from ..formats import BlockFormat, Codebook, Format, IntFormat, RoundMode, ScaleRule, get_format
+from ..formats import AnyFormat, BlockFormat, Codebook, Format, IntFormat, RoundMode, ScaleRule, get_format
+from .partials import Partial, SwampPartial
 
 __all__ = [
     "chunk_view",
@@ -48,108 +49,20 @@ __all__ = [
     "measure",
     "measure_chunk",
     "measure_swamping",
+    "measure_tensor",
+    "tally_chunk",
+    "swamping_partial",
     "chunk_slices",
+    "iter_chunks",
+    "tensor_amax",
     "CHUNK",
 ]
 
+AnyKind = AnyFormat | BlockFormat
+"""What the analysis measures: an element format or a block recipe."""
+
 CHUNK = 1 << 20
 """Elements per canonical chunk (rows are kept whole for row- and tile-blocked recipes)."""
-
-
-def _zero() -> Fraction:
-    return Fraction(0)
-
-
-@dataclass
-class Partial:
-    """Mergeable partial metrics of one tensor (or part of one) under one format."""
-
-    elements: int = 0
-    nonzero: int = 0
-    nan_in: int = 0
-    inf_in: int = 0
-    underflow: int = 0
-    subnormal: int = 0
-    overflow: int = 0
-    saturated: int = 0
-    sum_sq_err: Fraction = field(default_factory=_zero)
-    sum_sq_signal: Fraction = field(default_factory=_zero)
-    underflow_energy: Fraction = field(default_factory=_zero)
-    max_abs_err: float = 0.0
-    max_rel_err: float = 0.0
-    max_abs_in: float = 0.0
-    hist: np.ndarray = field(default_factory=lambda: np.zeros(256, np.int64))
-
-    def __add__(self, other: Partial) -> Partial:
-        out = Partial()
-        for f in fields(self):
-            a, b = getattr(self, f.name), getattr(other, f.name)
-            setattr(out, f.name, max(a, b) if f.name.startswith("max_") else a + b)
-        return out
-
-    @property
-    def sqnr_db(self) -> float:
-        """Signal-to-quantization-noise ratio in dB (inf when there is no error)."""
-        if self.sum_sq_err == 0:
-            return math.inf
-        if self.sum_sq_signal == 0:
-            return -math.inf
-        return 10 * math.log10(self.sum_sq_signal / self.sum_sq_err)
-
-    @property
-    def rel_l2_error(self) -> float:
-        """``||q - x|| / ||x||`` over the finite elements (0 for an all-zero tensor)."""
-        return math.sqrt(self.sum_sq_err / self.sum_sq_signal) if self.sum_sq_signal else 0.0
-
-    @property
-    def underflow_energy_share(self) -> float:
-        """Share of the squared norm carried by the elements that underflowed."""
-        return float(self.underflow_energy / self.sum_sq_signal) if self.sum_sq_signal else 0.0
-
-    def totals(self) -> dict[str, Any]:
-        """Counts, sums (as floats) and the derived metrics, without the histogram."""
-        out: dict[str, Any] = {}
-        for f in fields(self):
-            if f.name != "hist":
-                v = getattr(self, f.name)
-                out[f.name] = float(v) if isinstance(v, Fraction) else v
-        out.update(
-            sqnr_db=self.sqnr_db,
-            rel_l2_error=self.rel_l2_error,
-            underflow_energy_share=self.underflow_energy_share,
-        )
-        return out
-
-
-@dataclass
-class SwampPartial:
-    """Mergeable swamping counts: how much of an update survives ``fl(theta + delta)``."""
-
-    updates: int = 0
-    lost: int = 0
-    sum_abs_intended: Fraction = field(default_factory=_zero)
-    sum_abs_realised: Fraction = field(default_factory=_zero)
-
-    def __add__(self, other: SwampPartial) -> SwampPartial:
-        return SwampPartial(*(getattr(self, f.name) + getattr(other, f.name) for f in fields(self)))
-
-    @property
-    def swamped_share(self) -> float:
-        """Share of nonzero updates fully lost (``fl(theta + delta) == theta``)."""
-        return self.lost / self.updates if self.updates else 0.0
-
-    @property
-    def update_ratio(self) -> float:
-        """``sum |realised update| / sum |intended update|`` (1 when nothing is lost)."""
-        return float(self.sum_abs_realised / self.sum_abs_intended) if self.sum_abs_intended else 1.0
-
-    def totals(self) -> dict[str, Any]:
-        return {
-            "updates": self.updates,
-            "lost": self.lost,
-            "swamped_share": self.swamped_share,
-            "update_ratio": self.update_ratio,
-        }
 
 
 # --- canonical chunks ------------------------------------------------------------------
@@ -164,7 +77,11 @@ def chunk_slices(shape: tuple[int, ...], fmt: Any) -> list[tuple[int, int]]:
     block is split. Per-tensor recipes and NVFP4 take the tensor amax as an input, so they
     are cut like the others.
     """
-    fmt = get_format(fmt)
+    return _slices(shape, get_format(fmt))
+
+
+def _slices(shape: tuple[int, ...], fmt: AnyKind) -> list[tuple[int, int]]:
+    """:func:`chunk_slices` of a resolved format."""
     n = math.prod(shape)
     if n == 0:
         return []
@@ -205,26 +122,54 @@ def measure(
     saturate: bool = False,
     with_hist: bool = False,
     progress: Any = None,
+    backend: Backend | str = "auto",
 ) -> Partial:
     """Partial metrics of the whole tensor ``x`` (numpy or memory-mapped) under ``fmt``.
 
     Works through the canonical chunks, so memory stays bounded for memory-mapped input.
     The log2 histogram (format-independent) is filled only when ``with_hist`` is set.
-    ``seed`` feeds stochastic rounding (see :func:`fpsim.emulate.random.random_bits_at`); ``saturate`` applies
-    to element formats (block recipes define their own saturation).
+    ``seed`` feeds stochastic rounding (see :func:`fpsim.emulate.random.random_bits_at`);
+    ``saturate`` applies to element formats (block recipes define their own saturation).
+    ``progress``, if given, is called with the element count of each chunk done. ``backend``
+    (:class:`~fpsim.Backend`) is where the block loops run; the partials are the same.
     """
-    fmt = get_format(fmt)
+    fmt, mode = get_format(fmt), RoundMode.parse(rounding)
+    return measure_tensor(
+        x,
+        fmt,
+        mode,
+        Backend.resolve(backend),
+        seed=seed,
+        saturate=saturate,
+        with_hist=with_hist,
+        progress=progress,
+    )
+
+
+def measure_tensor(
+    x: Any,
+    fmt: AnyKind,
+    mode: RoundMode,
+    backend: Backend,
+    *,
+    seed: int = 0,
+    saturate: bool = False,
+    with_hist: bool = False,
+    progress: Any = None,
+) -> Partial:
+    """:func:`measure` with the format, rounding mode and backend resolved."""
     x = np.asarray(x) if not isinstance(x, np.ndarray) else x
     shape = x.shape
     flat = x.reshape(-1)
     amax = tensor_amax(flat) if needs_tensor_amax(fmt) else None
     total = Partial()
-    for start, stop in chunk_slices(shape, fmt):
+    for start, stop in _slices(shape, fmt):
         part = chunk_view(flat, shape, start, stop, fmt)
-        total = total + measure_chunk(
+        total = total + tally_chunk(
             part,
             fmt,
-            rounding,
+            mode,
+            backend,
             offset=start,
             seed=seed,
             saturate=saturate,
@@ -236,7 +181,8 @@ def measure(
     return total
 
 
-def needs_tensor_amax(fmt: Any) -> bool:
+def needs_tensor_amax(fmt: AnyKind) -> bool:
+    """Whether a chunk of a tensor needs the whole tensor's amax (per-tensor recipes, NVFP4)."""
     return isinstance(fmt, BlockFormat) and (fmt.block is None or fmt.rule is ScaleRule.NVFP4)
 
 
@@ -259,23 +205,52 @@ def measure_chunk(
     saturate: bool = False,
     tensor_amax: float | None = None,
     with_hist: bool = False,
+    backend: Backend | str = "auto",
 ) -> Partial:
     """Partial metrics of one canonical chunk that starts at flat index ``offset``."""
     fmt, mode = get_format(fmt), RoundMode.parse(rounding)
+    return tally_chunk(
+        x,
+        fmt,
+        mode,
+        Backend.resolve(backend),
+        offset=offset,
+        seed=seed,
+        saturate=saturate,
+        tensor_amax=tensor_amax,
+        with_hist=with_hist,
+    )
+
+
+def tally_chunk(
+    x: np.ndarray,
+    fmt: AnyKind,
+    mode: RoundMode,
+    backend: Backend,
+    *,
+    offset: int = 0,
+    seed: int = 0,
+    saturate: bool = False,
+    tensor_amax: float | None = None,
+    with_hist: bool = False,
+) -> Partial:
+    """:func:`measure_chunk` with the format, rounding mode and backend resolved."""
     x = np.asarray(x)
-    if x.dtype.kind != "f" and not _is_ml_float(x.dtype):
+    if x.dtype.kind != "f" and not element.is_ml_float(x.dtype):
         raise TypeError(f"cannot measure a tensor of dtype {x.dtype}: not a float type")
     xf = x.astype(np.float64 if x.dtype == np.float64 else np.float32, copy=False)
-    kw: dict[str, Any] = {"rounding": mode}
+    rand = None
     if mode is RoundMode.STOCHASTIC:
-        kw["random_bits"] = random_bits_at(seed, offset, xf.size).reshape(xf.shape)
+        rand = random_bits_at(seed, offset, xf.size).reshape(xf.shape)
     if isinstance(fmt, BlockFormat):
-        enc = encode_blocks(xf, fmt, tensor_amax=tensor_amax, **kw)
-        q = decode_blocks(enc, fmt)
+        enc = blocks.encode_array(
+            element.as_float32(xf), fmt, mode, backend, rand=rand, tensor_amax=tensor_amax
+        )
+        q = blocks.decode_array(enc, fmt, backend)
         codes, el = enc.codes, fmt.element
     else:
-        codes = emulate.encode(xf, fmt, saturate=saturate, **kw)
-        q, el = emulate.decode(codes, fmt), fmt
+        codes = element.encode_array(xf, fmt, mode, saturate=saturate, rand=rand)
+        q, el = element.decode_array(codes, fmt), fmt
     return _tally(xf.reshape(-1), q.reshape(-1), np.asarray(codes).reshape(-1), el, with_hist)
 
 
@@ -356,10 +331,6 @@ def element_flags(codes: np.ndarray, el: Any) -> tuple[np.ndarray, np.ndarray | 
     return at_max, (mag >> el.mantissa_bits) == 0
 
 
-def _is_ml_float(dt: np.dtype) -> bool:
-    return emulate._is_ml_float(dt)
-
-
 # --- swamping ---------------------------------------------------------------------------
 
 
@@ -385,21 +356,26 @@ def measure_swamping(
     fmt, mode = get_format(fmt), RoundMode.parse(rounding)
     if not isinstance(fmt, (Format, IntFormat)):
         raise TypeError(f"swamping needs an element format for the stored parameters, got {fmt.name}")
+    return swamping_partial(theta, delta, fmt, mode, seed=seed, scale=scale)
+
+
+def swamping_partial(
+    theta: Any, delta: Any, fmt: AnyFormat, mode: RoundMode, *, seed: int = 0, scale: float | None = None
+) -> SwampPartial:
+    """:func:`measure_swamping` with the element format and rounding mode resolved."""
     theta = np.asarray(theta).reshape(-1)
     delta = np.asarray(delta).reshape(-1)
     if theta.shape != delta.shape:
         raise ValueError(f"theta has {theta.size} elements, delta {delta.size}")
     total = SwampPartial()
     for start in range(0, theta.size, CHUNK):
-        t = emulate.quantize(np.asarray(theta[start : start + CHUNK], np.float32), fmt)
+        t = _quantize(np.asarray(theta[start : start + CHUNK], np.float32), fmt, RoundMode.NEAREST_EVEN)
         d = np.asarray(delta[start : start + CHUNK], np.float32)
         if scale is not None:
             d = np.float32(scale) * d
-        kw: dict[str, Any] = {"rounding": mode}
-        if mode is RoundMode.STOCHASTIC:
-            kw["random_bits"] = random_bits_at(seed, start, t.size)
+        rand = random_bits_at(seed, start, t.size) if mode is RoundMode.STOCHASTIC else None
         with np.errstate(invalid="ignore", over="ignore"):
-            new = emulate.quantize(t.astype(np.float64) + d, fmt, **kw)
+            new = _quantize(t.astype(np.float64) + d, fmt, mode, rand)
             upd = np.isfinite(d) & (d != 0) & np.isfinite(t)
             realised = np.where(upd & np.isfinite(new), new.astype(np.float64) - t, 0.0)
             total = total + SwampPartial(
@@ -411,9 +387,13 @@ def measure_swamping(
     return total
 
 
+def _quantize(x: np.ndarray, fmt: AnyFormat, mode: RoundMode, rand: np.ndarray | None = None) -> np.ndarray:
+    return element.decode_array(element.encode_array(x, fmt, mode, rand=rand), fmt)
+
+
 def iter_chunks(x: np.ndarray, fmt: Any) -> Iterator[tuple[int, np.ndarray]]:
     """``(offset, chunk)`` pairs of the canonical chunks of ``x`` (for distributed work)."""
     fmt = get_format(fmt)
     flat = x.reshape(-1)
-    for start, stop in chunk_slices(x.shape, fmt):
+    for start, stop in _slices(x.shape, fmt):
         yield start, chunk_view(flat, x.shape, start, stop, fmt)

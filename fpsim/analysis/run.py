@@ -16,8 +16,9 @@ from typing import Any
 
 import numpy as np
 
+from .._compiled import Backend
 from ..formats import BlockFormat, Format, IntFormat, RoundMode, get_format
-from .metrics import Partial, SwampPartial, measure, measure_swamping
+from .metrics import Partial, SwampPartial, measure_tensor, swamping_partial
 
 __all__ = ["Analysis", "analyze", "DEFAULT_FORMATS"]
 
@@ -120,6 +121,7 @@ def analyze(
     swamping: bool = True,
     seed: int = 0,
     progress: bool = True,
+    backend: Backend | str = "auto",
 ) -> Analysis:
     """Measure every tensor of ``trace`` under every format and rounding mode.
 
@@ -137,6 +139,9 @@ def analyze(
             rounding.
         seed: base seed of stochastic rounding.
         progress: show a progress bar (tqdm.auto: terminal or notebook).
+        backend: where the hot loops run (:class:`~fpsim.Backend` or ``"auto"``,
+            ``"numpy"``, ``"compiled"``): the block recipes with a compiled loop (the
+            nearest-entry codebooks) use it; the partials are the same on every backend.
 
     Raises:
         fpsim.trace.TraceError: for missing, truncated or inconsistent trace files.
@@ -151,17 +156,8 @@ def analyze(
     if not fmts:
         raise ValueError("analyze: give at least one format or recipe")
     modes = [RoundMode.parse(r) for r in roundings]
-    roles = tuple(roles)
-    wanted = None if steps is None else set(steps)
-    entries = [e for e in tr.entries() if e.role in roles and (wanted is None or e.step in wanted)]
-    if not entries:
-        raise ValueError(f"{tr.path}: no tensors with roles {list(roles)} in the selected steps")
-    for e in entries:
-        if not _is_float(e.dtype):
-            raise TypeError(
-                f"{e.file}: tensor {e.key!r} has dtype {e.dtype}, not a float type; "
-                f"fpsim analyses float tensors only"
-            )
+    backend = Backend.resolve(backend)
+    entries = _entries(tr, tuple(roles), steps)
     out = Analysis(str(tr.path), [f.name for f in fmts], [m.value for m in modes])
     bar = tqdm(
         total=sum(e.size for e in entries) * len(fmts) * len(modes),
@@ -172,21 +168,51 @@ def analyze(
     )
     for e in entries:
         x = tr.read(e)
-        key = (e.step, e.role, e.name)
-        out.shapes[key] = tuple(e.shape)
         tensor_seed = seed ^ zlib.crc32(f"{e.step}:{e.role}:{e.name}".encode())
-        first = True
-        for f in fmts:
-            for m in modes:
-                p = measure(x, f, m, seed=tensor_seed, with_hist=first, progress=bar.update)
-                if first:
-                    out.hist[key] = p.hist
-                    first = False
-                out.results[(*key, f.name, m.value)] = p
+        _measure_entry(e, x, fmts, modes, backend, tensor_seed, bar.update, out)
         if swamping and e.role == "grad":
             _swamping(tr, e, x, fmts, tensor_seed, out)
     bar.close()
     return out
+
+
+def _entries(tr: Any, roles: tuple[str, ...], steps: Iterable[int] | None) -> list:
+    """The trace entries to measure: of these roles and steps, float tensors only."""
+    wanted = None if steps is None else set(steps)
+    entries = [e for e in tr.entries() if e.role in roles and (wanted is None or e.step in wanted)]
+    if not entries:
+        raise ValueError(f"{tr.path}: no tensors with roles {list(roles)} in the selected steps")
+    for e in entries:
+        if not _is_float(e.dtype):
+            raise TypeError(
+                f"{e.file}: tensor {e.key!r} has dtype {e.dtype}, not a float type; "
+                f"fpsim analyses float tensors only"
+            )
+    return entries
+
+
+def _measure_entry(
+    e: Any,
+    x: np.ndarray,
+    fmts: list,
+    modes: list[RoundMode],
+    backend: Backend,
+    seed: int,
+    progress: Any,
+    out: Analysis,
+) -> None:
+    """The partials of one tensor under every format and mode, into ``out`` (the histogram
+    with the first)."""
+    key = (e.step, e.role, e.name)
+    out.shapes[key] = tuple(e.shape)
+    first = True
+    for f in fmts:
+        for m in modes:
+            p = measure_tensor(x, f, m, backend, seed=seed, with_hist=first, progress=progress)
+            if first:
+                out.hist[key] = p.hist
+                first = False
+            out.results[(*key, f.name, m.value)] = p
 
 
 def _swamping(tr: Any, e: Any, grad: np.ndarray, fmts: list, seed: int, out: Analysis) -> None:
@@ -203,7 +229,7 @@ def _swamping(tr: Any, e: Any, grad: np.ndarray, fmts: list, seed: int, out: Ana
     for f in fmts:
         if isinstance(f, Format):
             for m in (RoundMode.NEAREST_EVEN, RoundMode.STOCHASTIC):
-                out.swamping[(e.step, "param", e.name, f.name, m.value)] = measure_swamping(
+                out.swamping[(e.step, "param", e.name, f.name, m.value)] = swamping_partial(
                     theta, grad, f, m, seed=seed, scale=-lr
                 )
 
