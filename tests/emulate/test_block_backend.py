@@ -1,0 +1,94 @@
+"""The ``backend=`` of the verbs: numpy and compiled give the same codes, scales and values.
+
+The compiled tier (:mod:`fpsim._compiled.loops`, numba) runs the nearest-entry codebook
+recipes; every comparison here is bit for bit (NaN by class), the numpy path forced with
+``backend="numpy"``.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import fpsim
+from fpsim import Backend
+from fpsim.emulate import blocks
+from fpsim.formats import BlockFormat, Codebook, RoundMode, ScaleRule
+
+CODEBOOKS = ["bnb_dynamic8_block256", "bnb_dynamic8u_block256", "bnb_dynamic8_block2048"]
+
+
+def _data(n: int, unsigned: bool) -> np.ndarray:
+    rng = np.random.default_rng(n)
+    x = (rng.standard_normal(n) * np.exp2(rng.integers(-20, 20, n))).astype(np.float32)
+    x[: min(n, 300)] = 0  # a whole zero block
+    x[-3:] = [np.inf, -np.inf, np.nan]
+    return np.abs(x) if unsigned else x
+
+
+def _same_values(got: np.ndarray, want: np.ndarray) -> None:
+    g, w = np.asarray(got, np.float32).reshape(-1), np.asarray(want, np.float32).reshape(-1)
+    nan = np.isnan(g) & np.isnan(w)
+    assert np.array_equal(g.view(np.uint32)[~nan], w.view(np.uint32)[~nan])
+    assert np.array_equal(np.isnan(g), np.isnan(w))
+
+
+@pytest.mark.parametrize("name", CODEBOOKS)
+def test_block_verbs_numpy_and_compiled_agree(name):
+    pytest.importorskip("numba")
+    x = _data(70_001, "8u" in name)
+    enc = {b: fpsim.encode(x, name, backend=b) for b in ("numpy", "compiled")}
+    np.testing.assert_array_equal(enc["numpy"].codes, enc["compiled"].codes)
+    np.testing.assert_array_equal(enc["numpy"].scales, enc["compiled"].scales)
+    for b in ("numpy", "compiled"):
+        _same_values(
+            fpsim.decode(enc[b], name, backend="compiled"), fpsim.decode(enc[b], name, backend="numpy")
+        )
+    _same_values(fpsim.quantize(x, name, backend="compiled"), fpsim.quantize(x, name, backend=Backend.NUMPY))
+    (e_c, v_c), (e_n, v_n) = (blocks.encode_decode_blocks(x, name, backend=b) for b in ("compiled", "numpy"))
+    np.testing.assert_array_equal(e_c.codes, e_n.codes)
+    np.testing.assert_array_equal(e_c.scales, e_n.scales)
+    _same_values(v_c, v_n)
+
+
+def test_compiled_codebook_follows_the_backend():
+    bf = fpsim.RECIPES["bnb_dynamic8_block256"]
+    assert blocks.compiled_codebook(bf, RoundMode.NEAREST_EVEN, (512,), Backend.COMPILED)
+    assert not blocks.compiled_codebook(bf, RoundMode.NEAREST_EVEN, (512,), Backend.NUMPY)
+    assert not blocks.compiled_codebook(bf, RoundMode.STOCHASTIC, (512,), Backend.COMPILED)
+
+
+def test_per_tensor_codebook_chunk_takes_the_given_tensor_amax():
+    """A chunk of a tensor in a per-tensor codebook recipe is scaled by the amax of the whole
+    tensor on both backends (the compiled loop computes amaxes from its input, so it steps
+    aside), as the scale rule says: scale = the given amax."""
+    pytest.importorskip("numba")
+    bf = BlockFormat("bnb_dynamic8_tensor", Codebook.bnb_dynamic(True), None, ScaleRule.ABSMAX)
+    x = np.random.default_rng(0).standard_normal(2000).astype(np.float32)
+    x[1500] = 50.0  # the tensor's amax lies outside the chunk
+    amax = float(np.abs(x).max())
+    got = {b: blocks.encode_blocks(x[:1000], bf, tensor_amax=amax, backend=b) for b in ("numpy", "compiled")}
+    for enc in got.values():
+        assert enc.scales.view(np.float32).tolist() == [np.float32(amax)]
+    np.testing.assert_array_equal(got["numpy"].codes, got["compiled"].codes)
+
+
+def test_unknown_backend_is_refused_by_every_verb():
+    x = np.ones(4, np.float32)
+    for call in (
+        lambda: fpsim.encode(x, "float8_e4m3fn", backend="gpu"),
+        lambda: fpsim.quantize(x, "mxfp8_e4m3", backend="gpu"),
+        lambda: blocks.encode_blocks(x, "int8_block256", backend="gpu"),
+        lambda: blocks.decode_blocks(
+            blocks.encode_blocks(x, "int8_block256"), "int8_block256", backend="gpu"
+        ),
+    ):
+        with pytest.raises(ValueError, match="auto, numpy, compiled"):
+            call()
+
+
+def test_stochastic_bits_are_checked_for_block_formats():
+    x = np.ones(64, np.float32)
+    for fmt in ("mxfp8_e4m3", "bnb_dynamic8_block256", "float8_e4m3fn"):
+        with pytest.raises(ValueError, match="stochastic_bits"):
+            fpsim.encode(x, fmt, rounding="stochastic", rng=0, stochastic_bits=0)
