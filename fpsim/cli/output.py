@@ -1,0 +1,26 @@
+"""What the report commands (``analyze``, ``replay``) print: the JSON summary, or the table and files."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from typing import Any
+
+__all__ = ["emit"]
+
+
+def emit(summary: Mapping[str, Any], text: str, paths: Mapping[str, Any], as_json: bool) -> int:
+    """Print a command's JSON summary or its table and the files it wrote; returns 0.
+
+    Args:
+        summary: the result's JSON summary (non-finite floats already spelled as strings).
+        text: the table to print without ``--json``.
+        paths: the files written, by kind.
+        as_json: print ``summary`` as JSON instead of ``text`` and ``paths``.
+    """
+    if as_json:
+        print(json.dumps(summary, indent=2))
+    else:
+        print(text)
+        print(f"\nwrote {', '.join(str(p) for p in paths.values())}")
+    return 0
