@@ -1,7 +1,7 @@
 """The compiled loops of the ``fast`` extra (numba), as module-level functions.
 
 Each function does what a numpy path of :mod:`fpsim.optim`, :mod:`fpsim.emulate.blocks` or
-:mod:`fpsim.replay.engine` does, in one pass over memory instead of a dozen, and gives the same bits:
+:mod:`fpsim.replay` does, in one pass over memory instead of a dozen, and gives the same bits:
 numba compiles without fast-math, so LLVM neither contracts a multiply and an add into an fma
 nor flushes subnormals, division and square root are IEEE (correctly rounded), and the fmas
 the optimizers need are LLVM's ``llvm.fma`` intrinsic (one rounding, IEEE 754 section 5.4.1).
@@ -19,6 +19,11 @@ numba's per-user cache folder when the install folder is read-only; where neithe
 written the loops are compiled in memory on every run). All loops live in this one file on
 purpose: numba checks a cached function against the time stamp of the file that defines it
 only, so a loop calling a loop of another file could run stale cached code after an upgrade.
+The one thing read from elsewhere is the numbering of the 8-bit state encodings,
+:class:`fpsim._compiled.StateKind` (defined beside :class:`fpsim.Backend`, free of numba), as
+plain integers frozen into the compiled code at compile time; those numbers are fixed for good
+(a new kind takes a new number, none is ever renumbered), so a cached loop always agrees with
+the enum.
 
 This module imports numba at import; it is imported only when the compiled backend is used.
 The functions are single-threaded and release the GIL; the replay runs them from its thread
@@ -34,6 +39,14 @@ import numpy as np
 from llvmlite import ir
 from numba import njit, types
 from numba.extending import intrinsic
+
+from . import StateKind
+
+# the StateKind numbers as plain integers (compile-time constants of the loops below)
+_CODEBOOK = int(StateKind.CODEBOOK)
+_INT8_ABSMAX = int(StateKind.INT8_ABSMAX)
+_E4M3_ABSMAX = int(StateKind.E4M3_ABSMAX)
+_TE_POW2 = int(StateKind.TE_POW2)
 
 TILE = 1 << 12  # elements per tile: the tile buffers of a step stay in the L1/L2 cache
 
@@ -258,8 +271,8 @@ def te_block(pow2, xs, eps, elem_max, cs, vs, table):
 
 @jit
 def absmax_tile(kind, x, block, first, eps, elem_max, table, codes, scales, values):
-    # fpsim.emulate.blocks._prescale (ScaleRule.ABSMAX) with an int8 symmetric (kind 1) or
-    # float8_e4m3fn (kind 2) element on whole blocks: amax (NaN propagates), s =
+    # fpsim.emulate.blocks._prescale (ScaleRule.ABSMAX) with an int8 symmetric (INT8_ABSMAX) or
+    # float8_e4m3fn (E4M3_ABSMAX) element on whole blocks: amax (NaN propagates), s =
     # f32(max(amax, eps) / elem_max), elements x / (s or 1) cast nearest-even saturating,
     # and the decoded value table[code] * s
     n = x.size
@@ -270,7 +283,7 @@ def absmax_tile(kind, x, block, first, eps, elem_max, table, codes, scales, valu
         s = (a if a >= eps or a != a else eps) / elem_max
         scales[first + b] = s
         d = s if s != 0 else np.float32(1)
-        if kind == 1:
+        if kind == _INT8_ABSMAX:
             for i in range(xs.size):
                 cs[i] = int8_code(xs[i] / d)
         else:
@@ -282,14 +295,15 @@ def absmax_tile(kind, x, block, first, eps, elem_max, table, codes, scales, valu
 
 @jit
 def encode_tile(kind, x, block, first, base, thr, table, eps, elem_max, codes, scales, values):
-    # one tile of a state: kind 0 codebook_tile, 1-2 absmax_tile, 3-4 te_block (one block:
-    # per-tensor scaling; 4 with a power-of-two scale)
-    if kind == 0:
+    # one tile of a state, `kind` a StateKind value: CODEBOOK codebook_tile, INT8_ABSMAX and
+    # E4M3_ABSMAX absmax_tile, TE and TE_POW2 te_block (one block: per-tensor scaling; TE_POW2
+    # with a power-of-two scale)
+    if kind == _CODEBOOK:
         codebook_tile(x, block, first, base, thr, table, codes, scales, values)
-    elif kind <= 2:
+    elif kind == _INT8_ABSMAX or kind == _E4M3_ABSMAX:
         absmax_tile(kind, x, block, first, eps, elem_max, table, codes, scales, values)
     else:
-        scales[first] = te_block(kind == 4, x, eps, elem_max, codes, values, table)
+        scales[first] = te_block(kind == _TE_POW2, x, eps, elem_max, codes, values, table)
 
 
 @jit
@@ -365,7 +379,7 @@ def diff_dot(a, a0, b, b0):
 
 @jit
 def tensor_stats(f, old, new, ref, ref_old, sums):
-    # fpsim.replay.engine._update_counts and _param_sums: counts of changed and of swallowed
+    # fpsim.replay.stats._update_counts and _param_sums: counts of changed and of swallowed
     # updates; sum d^2, sum ref^2, u.ur, u.u, ur.ur (float64) tile by tile
     n = new.size
     updates = swamped = 0
@@ -385,7 +399,7 @@ def tensor_stats(f, old, new, ref, ref_old, sums):
 
 @jit
 def tile_state_stats(exact, stored, ref, counts, sums, j):
-    # fpsim.replay.engine._zero_counts and _state_sums of one tile, into counts[j:j+2], sums[j:j+2]
+    # fpsim.replay.stats._zero_counts and _state_sums of one tile, into counts[j:j+2], sums[j:j+2]
     a, b = zero_counts(exact, stored)
     counts[j] += a
     counts[j + 1] += b
@@ -460,10 +474,10 @@ def adam_blocks(
     eps,
     neg_step,
 ):
-    # One Adam step with both moments in 8-bit blocks (fpsim.replay.engine semantics 2-3), tile by
-    # tile of whole blocks: decode (table[code] * scale), the adam loop above, encode_tile
-    # on each new moment (codes and scales in place), then the state statistics of
-    # state_stats against the reference's moments
+    # One Adam step with both moments in 8-bit blocks (fpsim.replay.engine's module doc,
+    # semantics 2-3), tile by tile of whole blocks: decode (table[code] * scale), the adam
+    # loop above, encode_tile on each new moment (codes and scales in place), then the state
+    # statistics of state_stats against the reference's moments
     n = p.size
     tile = tile_of(block)
     m0, v0 = np.empty(tile, np.float32), np.empty(tile, np.float32)
