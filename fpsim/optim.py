@@ -6,13 +6,19 @@ the docstrings, and ``fma(a, b, c)`` (one rounding of ``a * b + c``, emulated ex
 :func:`fma32`) appears exactly where PyTorch's vectorized CPU kernels use ``vec::fmadd``:
 ``lerp`` (Adam's first moment), ``addcmul`` (the second) and ``add``/``add_`` with ``alpha``
 (L2 decay, SGD's update). PyTorch's CPU ``sqrt`` for float32 is not correctly rounded (1 ulp
-off for ~17% of inputs on the machine these were measured on); fpsim's is (IEEE 754 5.4.1), so
-Adam's parameters can differ from torch's by a few ulps.
+off for ~17% of inputs on the machine these were measured on, depending on the CPU's SIMD
+width); fpsim's default is (:attr:`Sqrt.IEEE`, IEEE 754 5.4.1), so Adam's parameters can
+differ from torch's by a few ulps; ``Adam(sqrt="torch")`` takes torch's own square root
+(:attr:`Sqrt.TORCH`) and then gives torch's parameters on the machine at hand.
 The formulas follow PyTorch's single-tensor implementations (torch/optim/adam.py
 ``_single_tensor_adam``, with ``decoupled_weight_decay`` for AdamW; torch/optim/sgd.py);
 scalars such as the bias corrections are computed in float64 as Python does and rounded to
 float32 where they meet a tensor. The tests measure the distance to torch in float32 ulps. A
 Triton kernel that mirrors a step must use this exact order and these fmas (fpsim.kernels).
+
+Where a step runs is a :class:`fpsim.Backend` (``backend=`` of :meth:`Optimizer.step`):
+``NUMPY`` is the code below, ``COMPILED`` the loops of :mod:`fpsim._compiled.loops` (same bits;
+they cover :attr:`Sqrt.IEEE` only, a :attr:`Sqrt.TORCH` step runs on numpy).
 
 New optimizers (Lion, Adafactor) add a :class:`Optimizer` subclass with its own ``states``
 and ``step``.
@@ -20,20 +26,60 @@ and ``step``.
 
 from __future__ import annotations
 
+import enum
 import math
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
 from functools import partial
 from typing import ClassVar, NamedTuple
 
 import numpy as np
 
 from . import _compiled
+from ._compiled import Backend
 
-__all__ = ["Optimizer", "Adam", "AdamW", "SGD", "get_optimizer", "fma32"]
+__all__ = ["Optimizer", "Adam", "AdamW", "SGD", "Sqrt", "get_optimizer", "fma32"]
 
 _F32 = np.float32
-_sqrt = np.sqrt  # correctly rounded (IEEE 754 squareRoot); tests swap in torch's to isolate it
+
+
+class Sqrt(enum.Enum):
+    """The float32 square root of Adam's denominator.
+
+    ``IEEE``: ``np.sqrt``, correctly rounded (IEEE 754 squareRoot, section 5.4.1), the same on
+    every machine; the compiled loops and the Triton kernels take this one. ``TORCH``: torch's
+    own CPU float32 ``sqrt`` (torch imported when a step runs), which is not correctly rounded
+    and depends on the SIMD kernel torch picks on the CPU at hand: with it the parameters equal
+    those of ``torch.optim`` run on the same machine.
+    """
+
+    IEEE = "ieee"
+    TORCH = "torch"
+
+    @classmethod
+    def resolve(cls, sqrt: Sqrt | str) -> Sqrt:
+        """A :class:`Sqrt` from a member or its name (``"ieee"``, ``"torch"``).
+
+        Raises:
+            ValueError: an unknown name (the message lists the allowed ones).
+        """
+        if isinstance(sqrt, cls):
+            return sqrt
+        try:
+            return cls(sqrt)
+        except ValueError:
+            raise ValueError(f"sqrt must be one of ieee, torch; got {sqrt!r}") from None
+
+    def function(self) -> Callable[[np.ndarray], np.ndarray]:
+        """The square root on float32 arrays."""
+        return np.sqrt if self is Sqrt.IEEE else _torch_sqrt
+
+
+def _torch_sqrt(x: np.ndarray) -> np.ndarray:
+    """torch's CPU float32 ``sqrt`` of ``x`` (:attr:`Sqrt.TORCH`)."""
+    import torch
+
+    return torch.from_numpy(np.ascontiguousarray(x, _F32)).sqrt().numpy()
 
 
 def fma32(a, b, c) -> np.ndarray:
@@ -66,11 +112,9 @@ def _fma(a, b, c) -> tuple[np.ndarray]:
 
 
 def _compiled_step(scalars: tuple, name: str, ins: tuple, outs: tuple | None) -> tuple | None:
-    """The step by :mod:`fpsim._compiled.loops`'s compiled loop (same bits), or None to use numpy: numba
-    is missing, an array is not a float32 C-contiguous array of ``ins[0]``'s shape, or the
-    tests swapped ``_sqrt``."""
-    if not _compiled.available() or _sqrt is not np.sqrt:
-        return None
+    """The step by the compiled loop ``name`` of :mod:`fpsim._compiled.loops` (same bits; the
+    caller chose :attr:`Backend.COMPILED`), or None to use numpy: an array is not a float32
+    C-contiguous array of ``ins[0]``'s shape, or an output overlaps an input."""
     shape = np.shape(ins[0])
     if any(np.shape(a) != shape for a in ins):
         return None
@@ -153,13 +197,19 @@ class Optimizer:
         t: int,
         *,
         out: tuple[np.ndarray, dict[str, np.ndarray]] | None = None,
+        backend: Backend | str = "auto",
     ) -> tuple[np.ndarray, dict[str, np.ndarray]]:
         """Return the new parameter and states for update number ``t`` (1-based).
 
         ``out``: ``(param, {state: array})`` float32 arrays of ``p``'s shape to write the
-        results into (and return); elementwise optimizers take it.
+        results into (and return); elementwise optimizers take it. ``backend``: where the
+        step runs (:meth:`fpsim.Backend.resolve`; the same bits on each).
         """
         raise NotImplementedError
+
+    def with_sqrt(self, sqrt: Sqrt) -> Optimizer:
+        """This optimizer with square root ``sqrt`` (itself where it takes none)."""
+        return self
 
 
 @dataclass(frozen=True)
@@ -170,24 +220,33 @@ class Adam(Optimizer):
     ``v = fma(f32(1 - b2) * g, g, v * f32(b2))`` (mul_, then addcmul_);
     ``denom = sqrt(v) / f32(sqrt(1 - b2**t)) + eps``;
     ``p = p + (f32(-lr / (1 - b1**t)) * m) / denom`` (addcdiv_). L2 decay:
-    ``g = fma(p, wd, g)``.
+    ``g = fma(p, wd, g)``. ``sqrt``: the square root of ``denom``, a :class:`Sqrt` or its name
+    (default ``"ieee"``, correctly rounded).
     """
 
     betas: tuple[float, float] = (0.9, 0.999)
     eps: float = 1e-8
+    sqrt: Sqrt | str = Sqrt.IEEE
     name = "adam"
     states = ("exp_avg", "exp_avg_sq")
     elementwise = True
     decoupled = False
 
-    def step(self, p, g, states, lr, t, *, out=None):
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "sqrt", Sqrt.resolve(self.sqrt))
+
+    def step(self, p, g, states, lr, t, *, out=None, backend="auto"):
         outs = None if out is None else (out[0], out[1]["exp_avg"], out[1]["exp_avg_sq"])
         ins = (p, g, states["exp_avg"], states["exp_avg_sq"])
         sc = self.scalars(lr, t)
-        p, m, v = _compiled_step(sc, "adam", ins, outs) or _chunked(
-            partial(_adam_step, sc=sc), *ins, out=outs
+        fast = Backend.resolve(backend) is Backend.COMPILED and self.sqrt is Sqrt.IEEE
+        p, m, v = (fast and _compiled_step(sc, "adam", ins, outs)) or _chunked(
+            partial(_adam_step, sc=sc, sqrt=self.sqrt.function()), *ins, out=outs
         )
         return p, {"exp_avg": m, "exp_avg_sq": v}
+
+    def with_sqrt(self, sqrt: Sqrt) -> Adam:
+        return replace(self, sqrt=sqrt)
 
     def scalars(self, lr: float, t: int) -> AdamScalars:
         """The step's scalars, computed in float64 as Python does and rounded to float32 once
@@ -214,15 +273,16 @@ class AdamScalars(NamedTuple):
     neg_step: np.float32
 
 
-def _adam_step(p, g, m, v, sc: AdamScalars):
-    """Adam's update on float32 arrays in the documented order (the numpy path)."""
+def _adam_step(p, g, m, v, sc: AdamScalars, sqrt: Callable[[np.ndarray], np.ndarray]):
+    """Adam's update on float32 arrays in the documented order (the numpy path), ``sqrt`` the
+    square root of :class:`Sqrt`."""
     if sc.mode == 1:
         p = p * sc.decay
     elif sc.mode == 2:
         (g,) = _fma(p, sc.decay, g)
     (m,) = _fma(sc.omb1, g - m, m)
     (v,) = _fma(sc.omb2 * g, g, v * sc.b2)
-    denom = _sqrt(v) / sc.bc2 + sc.eps
+    denom = sqrt(v) / sc.bc2 + sc.eps
     return p + (sc.neg_step * m) / denom, m, v
 
 
@@ -246,13 +306,16 @@ class SGD(Optimizer):
     states = ("momentum_buffer",)
     elementwise = True
 
-    def step(self, p, g, states, lr, t, *, out=None):
+    def step(self, p, g, states, lr, t, *, out=None, backend="auto"):
         buf = states.get("momentum_buffer")
         first = buf is None or t == 1
         outs = None if out is None else (out[0], out[1]["momentum_buffer"])
         ins = (p, g, g if first else buf)
         sc = (first, bool(self.weight_decay), _F32(self.weight_decay), _F32(self.momentum), _F32(-lr))
-        p, buf = _compiled_step(sc, "sgd", ins, outs) or _chunked(partial(_sgd_step, sc=sc), *ins, out=outs)
+        fast = Backend.resolve(backend) is Backend.COMPILED
+        p, buf = (fast and _compiled_step(sc, "sgd", ins, outs)) or _chunked(
+            partial(_sgd_step, sc=sc), *ins, out=outs
+        )
         return p, {"momentum_buffer": buf}
 
 

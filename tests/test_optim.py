@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from fpsim.emulate.reference import encode_scalar
-from fpsim.optim import SGD, Adam, AdamW, fma32, get_optimizer
+from fpsim.optim import SGD, Adam, AdamW, Sqrt, fma32, get_optimizer
 
 
 def test_fma32_is_one_rounding_of_the_exact_value():
@@ -47,10 +47,14 @@ def ulps(a: np.ndarray, b: np.ndarray) -> int:
     return int(np.abs(ia - ib).max(initial=0))
 
 
-def torch_sqrt(x: np.ndarray) -> np.ndarray:
-    import torch
-
-    return torch.from_numpy(np.ascontiguousarray(x, np.float32)).sqrt().numpy()
+def test_sqrt_choice_resolves_names():
+    """``sqrt`` takes a Sqrt or its name, resolved when the optimizer is made; other names are
+    refused by name; optimizers without a square root ignore the choice."""
+    assert Adam(sqrt="torch").sqrt is Sqrt.TORCH and AdamW().sqrt is Sqrt.IEEE
+    assert AdamW().with_sqrt(Sqrt.TORCH) == AdamW(sqrt="torch")
+    assert SGD().with_sqrt(Sqrt.TORCH) == SGD()
+    with pytest.raises(ValueError, match="sqrt must be one of ieee, torch; got 'fast'"):
+        Adam(sqrt="fast")
 
 
 def test_numpy_sqrt_is_correctly_rounded():
@@ -102,9 +106,10 @@ OPTS = [Adam(), Adam(weight_decay=0.1), AdamW(weight_decay=0.1), SGD(), SGD(weig
 
 
 @pytest.mark.parametrize("opt", OPTS, ids=repr)
-def test_one_step_against_torch(opt, monkeypatch):
-    """States bit-identical to torch; parameters too once torch's sqrt is swapped in (so the
-    only difference is the correctly rounded sqrt). With fpsim's own sqrt the parameters
+def test_one_step_against_torch(opt):
+    """States bit-identical to torch; parameters too with torch's sqrt (``Sqrt.TORCH``, on
+    either backend: the compiled loop declines it; so the only difference is the correctly
+    rounded sqrt). With fpsim's own sqrt the parameters
     differ by at most 2 ulps of the larger of the update and the new value (measured on
     100k elements; plain ulps of the result grow where p + update cancels)."""
     pytest.importorskip("torch")
@@ -126,9 +131,9 @@ def test_one_step_against_torch(opt, monkeypatch):
     q = np.abs(want_p.astype(np.float64) - p).astype(np.float32)
     unit = np.maximum(np.spacing(q), np.spacing(np.abs(want_p)))
     assert np.max(np.abs(new_p.astype(np.float64) - want_p) / unit) <= (0 if opt.name == "sgd" else 2)
-    monkeypatch.setattr("fpsim.optim._sqrt", torch_sqrt)
-    new_p, _ = opt.step(p.copy(), g, mine, lr, t)
-    assert ulps(new_p, want_p) == 0
+    for backend in ("compiled", "numpy"):
+        new_p, _ = opt.with_sqrt(Sqrt.TORCH).step(p.copy(), g, mine, lr, t, backend=backend)
+        assert ulps(new_p, want_p) == 0, backend
 
 
 def _torch_run(trace, first, last, opt):
@@ -146,7 +151,7 @@ def _torch_run(trace, first, last, opt):
     return out
 
 
-def _replay_vs_torch(trace, first, last, opt, monkeypatch):
+def _replay_vs_torch(trace, first, last, opt):
     """The FP32 replay of steps first..last-1 against torch run on this machine: states bit for
     bit, and parameters bit for bit once the replay uses torch's sqrt (torch's CPU float32 sqrt
     is not correctly rounded, and how it misrounds depends on the CPU's SIMD width, so with
@@ -155,9 +160,7 @@ def _replay_vs_torch(trace, first, last, opt, monkeypatch):
 
     want = _torch_run(trace, first, last, opt)
     for sqrt in ("ieee", "torch"):
-        if sqrt == "torch":
-            monkeypatch.setattr("fpsim.optim._sqrt", torch_sqrt)
-        r = replay(trace, ["fp32"], optimizer=opt, steps=range(first, last), progress=False)
+        r = replay(trace, ["fp32"], optimizer=opt, steps=range(first, last), progress=False, sqrt=sqrt)
         for name, (p, states) in want.items():
             assert np.array_equal(r.final_params["fp32"][name], r.final_params["reference"][name])
             for k in opt.states:
@@ -166,12 +169,12 @@ def _replay_vs_torch(trace, first, last, opt, monkeypatch):
                 assert ulps(r.final_params["reference"][name], p) == 0, name
 
 
-def test_fp32_replay_reproduces_torch_adam_on_the_bundled_trace(monkeypatch):
+def test_fp32_replay_reproduces_torch_adam_on_the_bundled_trace():
     """Steps 191..199 of the sample trace (Adam, recorded every step), 9 updates."""
     from fpsim.trace import open_trace, sample_trace_path
 
     trace = open_trace(sample_trace_path())
-    _replay_vs_torch(trace, 191, 200, Adam(), monkeypatch)
+    _replay_vs_torch(trace, 191, 200, Adam())
     # The states the recorded run (on whatever CPU made the sample) reached, bit for bit too:
     # they do not depend on sqrt.
     from fpsim.replay import replay
@@ -183,7 +186,7 @@ def test_fp32_replay_reproduces_torch_adam_on_the_bundled_trace(monkeypatch):
             assert ulps(got, trace.read(trace.entry(200, name, f"state.{k}"))) == 0, (name, k)
 
 
-def test_fp32_replay_reproduces_torch_adamw_on_a_cnn_captured_mid_training(tmp_path, monkeypatch):
+def test_fp32_replay_reproduces_torch_adamw_on_a_cnn_captured_mid_training(tmp_path):
     """A small CNN trained with AdamW(weight_decay=0.05); capture starts at step 30 (optimizer
     state already warm) and every step is recorded up to 40. The replay equals torch's run."""
     torch = pytest.importorskip("torch")
@@ -203,7 +206,7 @@ def test_fp32_replay_reproduces_torch_adamw_on_a_cnn_captured_mid_training(tmp_p
                 cap.step(step, lr=2e-3)
             opt.step()
     trace = open_trace(tmp_path / "cnn")
-    _replay_vs_torch(trace, 30, 40, AdamW(weight_decay=0.05), monkeypatch)
+    _replay_vs_torch(trace, 30, 40, AdamW(weight_decay=0.05))
     # and the recorded run itself (the same torch, on this machine), bit for bit
     here = _torch_run(trace, 30, 40, AdamW(weight_decay=0.05))
     for name, (p, _) in here.items():

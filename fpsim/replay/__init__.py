@@ -1,7 +1,10 @@
 """Optimizer replay: recorded gradients through low-precision optimizers, next to FP32.
 
-- :mod:`.engine`: :class:`ReplayConfig` and the presets, :func:`replay` and its
-  :class:`ReplayResult`, the per-step statistics and the memory table.
+- :mod:`.config`: :class:`ReplayConfig` (formats resolved when it is made), the presets and
+  the memory table.
+- :mod:`.engine`: :func:`replay`, step by step.
+- :mod:`.stats`: the per-step statistics and their :class:`ReplayResult`.
+- :mod:`.storage`: how states and master copies are stored and rounded.
 - :mod:`.fused`: the fused compiled Adam step for 8-bit block states (numba), declining
   whatever it does not cover.
 - :mod:`.lossscale`: dynamic loss scaling (torch GradScaler semantics).
@@ -11,7 +14,9 @@ The update math itself is :mod:`fpsim.optim`.
 
 from __future__ import annotations
 
-from .engine import PRESETS, ReplayConfig, ReplayResult, memory_table, replay
+from .config import PRESETS, ReplayConfig, memory_table
+from .engine import replay
 from .lossscale import LossScaler, ScalerState
+from .stats import ReplayResult
 
 __all__ = ["PRESETS", "LossScaler", "ReplayConfig", "ReplayResult", "ScalerState", "memory_table", "replay"]

@@ -10,18 +10,19 @@ parameters, codes and scales (NaN scales by class), the same zero counts, and th
 float64 error sums up to their summation order (tests/replay/test_compiled.py compares the two paths,
 and both with numpy).
 
-It applies when numba is installed, the optimizer is :class:`fpsim.optim.Adam` or
-``AdamW``, and both moments of the tensor are quantized, with blocks of one size along the
-flattened tensor, by one of: a codebook rounded to the nearest entry (the bitsandbytes
-dynamic maps, ``bnb_dynamic8_block256`` ...), linear absmax INT8 (``int8_block256``,
-``int8_block2048``) or float8_e4m3fn with an FP32 absmax scale (``fp8_e4m3_block256``,
-torchao's AdamWFp8), or float8_e4m3fn with Transformer Engine's per-tensor current scaling
-(``e4m3_tensor``, ``e4m3_tensor_pow2``: MS-AMP's FP8 first moment; one block, one piece).
-Everything else takes the generic path; :func:`encode_state` and :func:`decode_state` serve
-it for the recipes above. The stored codes and scales are updated in place. A large tensor
-is updated piece by piece (:func:`pieces`, each piece one task of the replay's thread pool);
-the split depends on the tensor's size and block only, so the results do not depend on the
-number of threads.
+It applies on :attr:`fpsim.Backend.COMPILED` (the replay's ``backend``), to
+:class:`fpsim.optim.Adam` or ``AdamW`` with the correctly rounded square root
+(:attr:`fpsim.optim.Sqrt.IEEE`), where both moments of the tensor are quantized, with blocks
+of one size along the flattened tensor, by one of the :class:`fpsim._compiled.StateKind`
+encodings: a codebook rounded to the nearest entry (the bitsandbytes dynamic maps,
+``bnb_dynamic8_block256`` ...), linear absmax INT8 (``int8_block256``, ``int8_block2048``) or
+float8_e4m3fn with an FP32 absmax scale (``fp8_e4m3_block256``, torchao's AdamWFp8), or
+float8_e4m3fn with Transformer Engine's per-tensor current scaling (``e4m3_tensor``,
+``e4m3_tensor_pow2``: MS-AMP's FP8 first moment; one block, one piece). Everything else takes
+the generic path; :func:`encode_state` and :func:`decode_state` serve it for the recipes above.
+The stored codes and scales are updated in place. A large tensor is updated piece by piece
+(:func:`pieces`, each piece one task of the replay's thread pool); the split depends on the
+tensor's size and block only, so the results do not depend on the number of threads.
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from .. import _compiled, optim
+from .._compiled import Backend, StateKind
 from ..emulate import element as emulate
 from ..emulate.blocks import BlockCodes, block_geometry, compiled_codebook, nearest_buckets
 from ..formats import RECIPES, BlockFormat, Codebook, RoundMode, ScaleRule, get_format
@@ -45,7 +47,8 @@ _MOMENTS = ("exp_avg", "exp_avg_sq")
 
 class FusedStep(NamedTuple):
     """The FP32 result of the step (before the master rounding), the new stored moments, and
-    per moment ``(nonzero, zeroed, sum (stored - ref)^2, sum ref^2)`` (see ``replay._Stats``)."""
+    per moment ``(nonzero, zeroed, sum (stored - ref)^2, sum ref^2)`` (the state fields of
+    :class:`fpsim.replay.stats.Stats`)."""
 
     p: np.ndarray
     states: dict[str, BlockCodes]
@@ -58,10 +61,9 @@ _DUMMY = (np.zeros(1, np.uint8), np.zeros(1, _F32))  # bucket tables of kinds wi
 
 
 class _State(NamedTuple):
-    """How the kernel stores one moment: kind 0 codebook, 1 int8 linear, 2 float8_e4m3fn with an
-    absmax scale, 3 float8_e4m3fn with Transformer Engine's scale (4: a power of two)."""
+    """How the kernel stores one moment (the loops take ``int(kind)``)."""
 
-    kind: int
+    kind: StateKind
     block: int
     table: np.ndarray  # float32 value of each code
     base: np.ndarray
@@ -83,18 +85,23 @@ def _state(bf: Any, shape: tuple) -> _State | None:
     if isinstance(bf.element, Codebook):
         if per_tensor or not compiled_codebook(bf, RoundMode.NEAREST_EVEN, block_geometry(shape, bf)[0]):
             return None
-        return _State(0, block, _values(bf.element), *nearest_buckets(bf.element.table), _F32(0), _F32(1))
+        table = _values(bf.element)
+        return _State(StateKind.CODEBOOK, block, table, *nearest_buckets(bf.element.table), _F32(0), _F32(1))
+    kind = _scaled_kind(bf, per_tensor)
+    if kind is None:
+        return None
+    return _State(kind, block, _values(bf.element), *_DUMMY, _F32(bf.eps), _F32(bf.elem_max))
+
+
+def _scaled_kind(bf: BlockFormat, per_tensor: bool) -> StateKind | None:
+    """The kind of a recipe with a float32 scale and an int8 or float8_e4m3fn element, or None."""
     if bf.scale_format.name != "float32":
         return None
     if bf.rule is ScaleRule.ABSMAX:
-        kind = 1 if bf.element == _INT8 else 2 if bf.element == _E4M3 else 0
-    elif bf.rule is ScaleRule.TE and per_tensor:  # Transformer Engine current scaling
-        kind = (4 if bf.pow2 else 3) if bf.element == _E4M3 else 0
-    else:
-        kind = 0
-    if not kind:
-        return None
-    return _State(kind, block, _values(bf.element), *_DUMMY, _F32(bf.eps), _F32(bf.elem_max))
+        return {_INT8: StateKind.INT8_ABSMAX, _E4M3: StateKind.E4M3_ABSMAX}.get(bf.element)
+    if bf.rule is ScaleRule.TE and per_tensor and bf.element == _E4M3:  # Transformer Engine current scaling
+        return StateKind.TE_POW2 if bf.pow2 else StateKind.TE
+    return None
 
 
 @functools.cache
@@ -111,18 +118,19 @@ def _grid(bf: BlockFormat, shape: tuple, blocks: int) -> tuple:
     return (1,) * max(len(shape), 1) if bf.block is None and not bf.flatten else (blocks,)
 
 
-def encode_state(bf: Any, x: np.ndarray) -> tuple[BlockCodes, np.ndarray] | None:
+def encode_state(bf: Any, x: np.ndarray, backend: Backend) -> tuple[BlockCodes, np.ndarray] | None:
     """``encode_blocks(x, bf)`` by the kernel's state encoder (same codes and scales, NaN by
     class) and the decoded values (``decode_blocks`` of them, computed on the way), or None
-    where the kernel does not cover ``bf`` or ``x`` is not float32."""
-    st = _state(bf, np.shape(x)) if _compiled.available() else None
+    where ``backend`` is not :attr:`Backend.COMPILED`, the kernel does not cover ``bf`` or
+    ``x`` is not float32."""
+    st = _state(bf, np.shape(x)) if backend is Backend.COMPILED else None
     flat = _compiled.flat32(x) if st is not None else None
     if flat is None:
         return None
     n = flat[0].size
     codes, scales, values = np.empty(n, np.uint8), np.empty(-(-n // st.block), _F32), np.empty(n, _F32)
     _compiled.load().encode_blocks8(
-        st.kind, flat[0], st.block, st.base, st.thr, st.table, st.eps, st.elem_max, codes, scales, values
+        int(st.kind), flat[0], st.block, st.base, st.thr, st.table, st.eps, st.elem_max, codes, scales, values
     )
     grid = _grid(bf, x.shape, scales.size)
     return BlockCodes(codes.reshape(x.shape), scales.view(np.uint32).reshape(grid), None), values.reshape(
@@ -130,10 +138,10 @@ def encode_state(bf: Any, x: np.ndarray) -> tuple[BlockCodes, np.ndarray] | None
     )
 
 
-def decode_state(bf: Any, enc: Any) -> np.ndarray | None:
+def decode_state(bf: Any, enc: Any, backend: Backend) -> np.ndarray | None:
     """``decode_blocks(enc, bf)`` (table[code] * scale) for the recipes :func:`encode_state`
-    covers, or None."""
-    if not isinstance(enc, BlockCodes) or not _compiled.available():
+    covers, or None (also where ``backend`` is not :attr:`Backend.COMPILED`)."""
+    if not isinstance(enc, BlockCodes) or backend is not Backend.COMPILED:
         return None
     st = _state(bf, enc.codes.shape)
     if st is None or enc.codes.dtype != np.uint8:
@@ -174,6 +182,7 @@ def plan(
     p: np.ndarray,
     g: np.ndarray,
     ref_states: dict[str, np.ndarray],
+    backend: Backend,
 ) -> Plan | None:
     """The fused update of one tensor, or None where it does not apply (module doc).
 
@@ -183,10 +192,9 @@ def plan(
         stored: the stored moments (:class:`fpsim.BlockCodes`).
         p, g: the master values and the (unscaled) gradient, float32 of one shape.
         ref_states: the FP32 reference's new moments, for the statistics.
+        backend: where the replay runs (the fused step needs :attr:`Backend.COMPILED`).
     """
-    if not (_compiled.available() and optim._sqrt is np.sqrt and isinstance(optimizer, optim.Adam)):
-        return None
-    if type(optimizer).step is not optim.Adam.step or set(formats) != set(_MOMENTS):
+    if backend is not Backend.COMPILED or not _covers(optimizer) or set(formats) != set(_MOMENTS):
         return None
     m, v = (_state(formats[st], p.shape) for st in _MOMENTS)
     if m is None or v is None or m.block != v.block:
@@ -204,6 +212,15 @@ def plan(
         for st, e in zip(_MOMENTS, enc)
     }
     return Plan(m, v, states, tuple(arrays), np.empty(p.shape, _F32))
+
+
+def _covers(optimizer: Any) -> bool:
+    """Whether the loop computes ``optimizer``'s step: Adam's own, with the IEEE square root."""
+    return (
+        isinstance(optimizer, optim.Adam)
+        and type(optimizer).step is optim.Adam.step
+        and optimizer.sqrt is optim.Sqrt.IEEE
+    )
 
 
 def pieces(pl: Plan) -> list[slice]:
@@ -229,8 +246,8 @@ def run_piece(pl: Plan, part: slice, optimizer: Any, lr: float, t: int) -> tuple
     counts, sums = np.zeros(4, np.int64), np.zeros(4)
     _compiled.load().adam_blocks(
         p, g, mq, ms, vq, vs, m.block,
-        m.kind, m.table, m.base, m.thr, m.eps, m.elem_max,
-        v.kind, v.table, v.base, v.thr, v.eps, v.elem_max,
+        int(m.kind), m.table, m.base, m.thr, m.eps, m.elem_max,
+        int(v.kind), v.table, v.base, v.thr, v.eps, v.elem_max,
         pl.out.reshape(-1)[part], m_ref, v_ref, counts, sums, *optimizer.scalars(lr, t),
     )  # fmt: skip
     return counts, sums
@@ -258,11 +275,13 @@ def adam_block_step(
     lr: float,
     t: int,
     ref_states: dict[str, np.ndarray],
+    backend: Backend | str = "auto",
 ) -> FusedStep | None:
     """One tensor's whole update (:func:`plan`, every piece, :func:`finish`), or None where the
     fused step does not apply; ``lr`` and ``t`` (1-based) are the step's learning rate and
-    update count, the other arguments as :func:`plan` takes them."""
-    pl = plan(optimizer, formats, stored, p, g, ref_states)
+    update count, ``backend`` as :meth:`fpsim.Backend.resolve` takes it, the other arguments
+    as :func:`plan` takes them."""
+    pl = plan(optimizer, formats, stored, p, g, ref_states, Backend.resolve(backend))
     if pl is None:
         return None
     return finish(pl, [run_piece(pl, part, optimizer, lr, t) for part in pieces(pl)])

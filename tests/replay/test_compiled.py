@@ -1,4 +1,5 @@
-"""The compiled loops of fpsim._fast (numba) give the numpy paths' bits, on hard inputs."""
+"""The compiled loops of fpsim._compiled (numba, ``Backend.COMPILED``) give the numpy paths'
+bits (``Backend.NUMPY``), on hard inputs."""
 
 from __future__ import annotations
 
@@ -8,28 +9,44 @@ import numpy as np
 import pytest
 
 import fpsim
-from fpsim import _compiled
+from fpsim import Backend, _compiled
 from fpsim.emulate.blocks import encode_decode_blocks
-from fpsim.formats import RECIPES, Codebook
+from fpsim.formats import RECIPES, BlockFormat, Codebook
 from fpsim.optim import SGD, Adam, AdamW
 from fpsim.replay import fused as _fused
-from fpsim.replay.engine import _state_sums, _zero_counts
+from fpsim.replay.stats import _state_sums, _zero_counts
 
 pytest.importorskip("numba")
 
+COMPILED, NUMPY = Backend.COMPILED, Backend.NUMPY
 
-@pytest.fixture
-def numpy_only(monkeypatch):
-    """Run a block of code with the compiled paths switched off (the numpy reference)."""
 
-    class Off:
-        def __enter__(self):
-            monkeypatch.setattr(_compiled, "available", lambda: False)
+def _nearest_codebook(x: np.ndarray, bf: BlockFormat) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Oracle of nearest-entry codebook blocks along the flattened tensor (bitsandbytes'
+    blockwise quantization): per block the absmax (fmaxf, NaN skipped), ``v = x * f32(1 /
+    max(absmax, 1e-38))``, the code ``searchsorted(f32 midpoints, v, side="left")`` (ties to
+    the lower entry, NaN to the last), the value ``table[code] * absmax``. Returns codes (x's
+    shape), absmaxes (float32) and values."""
+    table, b = np.asarray(bf.element.table, np.float32), bf.block[0]
+    flat = x.reshape(-1)
+    blocks = np.zeros(-(-flat.size // b) * b, np.float32)
+    blocks[: flat.size] = flat
+    blocks = blocks.reshape(-1, b)
+    with np.errstate(invalid="ignore", over="ignore"):
+        amax = np.fmax.reduce(np.abs(blocks), axis=1, initial=0).astype(np.float32)
+        v = blocks * (np.float32(1) / np.maximum(amax, np.float32(1e-38)))[:, None]
+        codes = np.searchsorted((table[:-1] + table[1:]) / np.float32(2), v, side="left").astype(np.uint8)
+        values = table[codes] * amax[:, None]
+    n = flat.size
+    return codes.reshape(-1)[:n].reshape(x.shape), amax, values.reshape(-1)[:n].reshape(x.shape)
 
-        def __exit__(self, *exc):
-            monkeypatch.undo()
 
-    return Off()
+def _numpy_codes(x: np.ndarray, bf: BlockFormat) -> np.ndarray:
+    """Block codes of ``x`` without any compiled loop: the oracle for codebooks (which the
+    emulator encodes by a compiled loop where numba is installed), the emulator otherwise."""
+    if isinstance(bf.element, Codebook):
+        return _nearest_codebook(x, bf)[0]
+    return fpsim.encode(x, bf).codes
 
 
 def _special(rng: np.random.Generator, n: int, scale: float) -> np.ndarray:
@@ -64,7 +81,7 @@ OPTIMIZERS = [
 
 
 @pytest.mark.parametrize("optimizer", OPTIMIZERS, ids=repr)
-def test_compiled_steps_equal_numpy_steps(optimizer, numpy_only):
+def test_compiled_steps_equal_numpy_steps(optimizer):
     """Three updates (t = 1, 2, 9; SGD's first-step buffer) on special values, bit for bit."""
     rng = np.random.default_rng(0)
     n = 40_000
@@ -76,15 +93,14 @@ def test_compiled_steps_equal_numpy_steps(optimizer, numpy_only):
     with np.errstate(all="ignore"):
         for t, lr in [(1, 1e-3), (2, 3e-4), (9, 0.5)]:
             g_t = np.roll(g, t)
-            p_c, s_c = optimizer.step(p_c, g_t, s_c, lr, t)
-            with numpy_only:
-                p_n, s_n = optimizer.step(p_n, g_t, s_n, lr, t)
+            p_c, s_c = optimizer.step(p_c, g_t, s_c, lr, t, backend="compiled")
+            p_n, s_n = optimizer.step(p_n, g_t, s_n, lr, t, backend="numpy")
             _same(p_c, p_n, f"param t={t}")
             for k in s_n:
                 _same(s_c[k], s_n[k], f"{k} t={t}")
 
 
-def test_compiled_fma_rounds_once(numpy_only):
+def test_compiled_fma_rounds_once():
     """SGD's ``fma(buf, -lr, p)`` where the product is a float32 midpoint and p is tiny: one
     rounding goes by p's sign, two roundings to even (the case must be there)."""
     rng = np.random.default_rng(1)
@@ -92,9 +108,8 @@ def test_compiled_fma_rounds_once(numpy_only):
     g = np.full(n, 1 + 2**-12, np.float32)
     p = (rng.choice([-1, 1], n) * 2.0 ** rng.integers(-70, -54, n)).astype(np.float32)
     lr = -(1 + 2**-12)
-    got = SGD(momentum=0.0).step(p, g, {}, lr, 1)[0]
-    with numpy_only:
-        want = SGD(momentum=0.0).step(p, g, {}, lr, 1)[0]
+    got = SGD(momentum=0.0).step(p, g, {}, lr, 1, backend=COMPILED)[0]
+    want = SGD(momentum=0.0).step(p, g, {}, lr, 1, backend=NUMPY)[0]
     _same(got, want, "param")
     twice = (g * np.float32(-lr)).astype(np.float32) + p
     assert np.count_nonzero(twice != want) > n // 4
@@ -103,8 +118,10 @@ def test_compiled_fma_rounds_once(numpy_only):
 @pytest.mark.parametrize(
     "name", ["bnb_dynamic8_block256", "bnb_dynamic8u_block256", "bnb_dynamic8_block2048"]
 )
-def test_compiled_codebook_blocks_equal_numpy(name, numpy_only):
-    """Codebook encode/decode (nearest, fmaxf absmax) on special values, ragged last block."""
+def test_compiled_codebook_blocks_equal_numpy(name):
+    """Codebook encode/decode (nearest, fmaxf absmax; a compiled loop where numba is installed)
+    against the numpy oracle of bitsandbytes' blockwise quantization, on special values,
+    ragged last block."""
     bf = fpsim.RECIPES[name]
     rng = np.random.default_rng(2)
     x = _special(rng, 300_001, 1.0)
@@ -112,15 +129,13 @@ def test_compiled_codebook_blocks_equal_numpy(name, numpy_only):
     if "8u" in name:
         x = np.abs(x)
     got = fpsim.encode(x, bf)
-    with numpy_only:
-        want = fpsim.encode(x, bf)
-        want_v = fpsim.decode(want, bf)
-    np.testing.assert_array_equal(got.codes, want.codes)
-    np.testing.assert_array_equal(got.scales, want.scales)
+    want_codes, want_amax, want_v = _nearest_codebook(x, bf)
+    np.testing.assert_array_equal(got.codes, want_codes)
+    np.testing.assert_array_equal(got.scales, want_amax.view(np.uint32))
     _same(fpsim.decode(got, bf), want_v, "decoded")
 
 
-def test_replay_with_and_without_compiled_loops(tmp_path, numpy_only, monkeypatch):
+def test_replay_with_and_without_compiled_loops(tmp_path, monkeypatch):
     """The whole replay (the fused 8-bit step included, with skipped steps): final parameters
     and states bit for bit, counts exactly, float64 statistics to rounding (they are summed
     in another order)."""
@@ -166,14 +181,14 @@ def test_replay_with_and_without_compiled_loops(tmp_path, numpy_only, monkeypatc
 
     monkeypatch.setattr(_fused, "finish", spy)
     monkeypatch.setattr(_fused, "PIECE", 1 << 14)  # "big" in 5 pieces
-    fast = replay(trace, configs, progress=False)
+    fast = replay(trace, configs, progress=False, backend="compiled")
     # bnb-8bit-all, int8-states and fp8-states every step, "big" of bnb-8bit
     # (min_quantized_size 4096) every step, both tensors of bnb-fp16 in its one step that
     # is not skipped; "big" in pieces, "w" in one
     assert len(fused) == 3 * 3 * 2 + 3 + 2 and sorted(set(fused)) == [1, 5], fused
     assert [fast.skipped[s, "bnb-fp16"] for s in (1, 2, 3)] == [False, True, True]
-    with numpy_only:
-        slow = replay(trace, configs, progress=False)
+    slow = replay(trace, configs, progress=False, backend="numpy")
+    assert len(fused) == 3 * 3 * 2 + 3 + 2, "the numpy backend must not take the fused step"
     for cfg, params in slow.final_params.items():
         for name, p in params.items():
             _same(fast.final_params[cfg][name], p, f"{cfg} {name}")
@@ -228,7 +243,7 @@ def _finite(x: np.ndarray) -> np.ndarray:
 @pytest.mark.parametrize("recipes", FUSED_RECIPES, ids=lambda r: fpsim.get_format(r[0]).name)
 @pytest.mark.parametrize("n", [3, 257, 4097, 70_001])
 @pytest.mark.parametrize("finite", [False, True], ids=["inf-nan", "finite"])
-def test_fused_step_equals_generic_path(optimizer, recipes, n, finite, numpy_only):
+def test_fused_step_equals_generic_path(optimizer, recipes, n, finite):
     """The fused Adam step with codebook moments against Adam.step + encode_decode_blocks
     (compiled and numpy): parameters, codes and scale bits equal over three steps of special
     values (zero blocks, subnormals; with huge values, inf and NaN, or without), zero counts
@@ -247,12 +262,11 @@ def test_fused_step_equals_generic_path(optimizer, recipes, n, finite, numpy_onl
             g = special(rng, n, 1e-3)
             ref = {"exp_avg": special(rng, n, 1e-4), "exp_avg_sq": np.abs(special(rng, n, 1e-7))}
             loaded = {st: fpsim.decode(e, formats[st]) for st, e in stored.items()}
-            p_want, exact = optimizer.step(p, g, loaded, lr, t)
+            p_want, exact = optimizer.step(p, g, loaded, lr, t, backend=COMPILED)
             want = {st: encode_decode_blocks(v, formats[st]) for st, v in exact.items()}
-            with numpy_only:
-                p_numpy, exact_numpy = optimizer.step(p, g, loaded, lr, t)
-                want_numpy = {st: encode_decode_blocks(v, formats[st]) for st, v in exact_numpy.items()}
-            got = _fused.adam_block_step(optimizer, formats, stored, p, g, lr, t, ref)
+            p_numpy, exact_numpy = optimizer.step(p, g, loaded, lr, t, backend=NUMPY)
+            want_numpy = {st: _numpy_codes(v, formats[st]) for st, v in exact_numpy.items()}
+            got = _fused.adam_block_step(optimizer, formats, stored, p, g, lr, t, ref, backend=COMPILED)
             assert got is not None, "the fused step must apply to these recipes"
             _same(got.p, p_want, f"param t={t}")
             _same(got.p, p_numpy, f"param (numpy) t={t}")
@@ -261,7 +275,7 @@ def test_fused_step_equals_generic_path(optimizer, recipes, n, finite, numpy_onl
                 _same(
                     got.states[st].scales.view(np.float32), enc.scales.view(np.float32), f"{st} scales t={t}"
                 )
-                _same_codes(want_numpy[st][0].codes, enc.codes, formats[st], f"{st} numpy codes t={t}")
+                _same_codes(want_numpy[st], enc.codes, formats[st], f"{st} numpy codes t={t}")
                 nonzero, zeroed, err, tot = got.stats[st]
                 assert (nonzero, zeroed) == _zero_counts(exact[st], val), (st, t)
                 want_err, want_tot = _state_sums(val, ref[st])
@@ -272,25 +286,28 @@ def test_fused_step_equals_generic_path(optimizer, recipes, n, finite, numpy_onl
             p, stored = got.p, got.states
     for st, e in stored.items():  # the replay's state encoder and decoder
         x = fpsim.decode(e, formats[st])
-        (enc, values), want = _fused.encode_state(formats[st], x), fpsim.encode(x, formats[st])
+        (enc, values), want = _fused.encode_state(formats[st], x, COMPILED), fpsim.encode(x, formats[st])
         _same_codes(enc.codes, want.codes, formats[st], f"{st} encode_state")
         _same(enc.scales.view(np.float32), want.scales.view(np.float32), f"{st} encode_state scales")
         _same(values, fpsim.decode(want, formats[st]), f"{st} encode_state values")
-        _same(_fused.decode_state(formats[st], e), x, f"{st} decode_state")
+        _same(_fused.decode_state(formats[st], e, COMPILED), x, f"{st} decode_state")
+        assert _fused.encode_state(formats[st], x, NUMPY) is None
+        assert _fused.decode_state(formats[st], e, NUMPY) is None
 
 
 def test_fused_step_declines_what_it_does_not_cover():
     """Other block sizes per moment, other scale rules (MX, Transformer Engine), SGD,
-    lookup-table codebooks: None (the replay then takes the generic path)."""
+    lookup-table codebooks, torch's square root, the numpy backend: None (the replay then
+    takes the generic path)."""
     n = 1000
     p = g = np.zeros(n, np.float32)
     ref = {"exp_avg": p, "exp_avg_sq": p}
 
-    def attempt(m, v, optimizer=None):
+    def attempt(m, v, optimizer=None, backend=COMPILED):
         optimizer = optimizer or AdamW()
         formats = {"exp_avg": fpsim.get_format(m), "exp_avg_sq": fpsim.get_format(v)}
         stored = {st: fpsim.encode(p, f) for st, f in formats.items()}
-        return _fused.adam_block_step(optimizer, formats, stored, p, g, 1e-3, 1, ref)
+        return _fused.adam_block_step(optimizer, formats, stored, p, g, 1e-3, 1, ref, backend=backend)
 
     assert attempt("bnb_dynamic8_block256", "bnb_dynamic8u_block256") is not None
     assert attempt("bnb_dynamic8_block256", "int8_block256") is not None
@@ -299,16 +316,18 @@ def test_fused_step_declines_what_it_does_not_cover():
     assert attempt("mxfp8_e4m3", "mxfp8_e4m3") is None
     assert attempt("e4m3_block128", "e4m3_block128") is None
     assert attempt("mxint8", "int8_block256") is None
-    cpu = fpsim.replay.engine.PRESETS["bnb-8bit-cpu"]
+    cpu = fpsim.replay.PRESETS["bnb-8bit-cpu"]
     assert attempt(cpu.m, cpu.v) is None
     assert attempt("bnb_dynamic8_block256", "bnb_dynamic8u_block256", SGD()) is None
+    assert attempt("bnb_dynamic8_block256", "bnb_dynamic8u_block256", AdamW(sqrt="torch")) is None
+    assert attempt("bnb_dynamic8_block256", "bnb_dynamic8u_block256", backend=NUMPY) is None
 
 
 @pytest.mark.parametrize("n", [1, 4095, 4096, 4097, 100_003])
 def test_compiled_statistics_equal_numpy(n):
     """tensor_stats / state_stats (tile sums in SIMD lanes) against the numpy statistics:
     counts exactly, float64 sums to rounding."""
-    from fpsim.replay.engine import _param_sums, _update_counts
+    from fpsim.replay.stats import _param_sums, _update_counts
 
     rng = np.random.default_rng(n)
     old, ref, ref_old = (_special(rng, n, 1.0) for _ in range(3))
@@ -374,7 +393,7 @@ def test_fused_pieces_change_nothing_but_the_sum_order(recipes, monkeypatch):
     def run(piece):
         monkeypatch.setattr(_fused, "PIECE", piece)
         stored = {st: fpsim.encode(ref[st], f) for st, f in formats.items()}
-        pl = _fused.plan(AdamW(), formats, stored, p, g, ref)
+        pl = _fused.plan(AdamW(), formats, stored, p, g, ref, COMPILED)
         parts = _fused.pieces(pl)
         return len(parts), _fused.finish(pl, [_fused.run_piece(pl, s, AdamW(), 1e-3, 3) for s in parts])
 
@@ -398,7 +417,7 @@ def test_fast_master_and_state_rounding_equals_the_emulator(fmt, mode, seed):
     element on special values (subnormals, ties, values that carry into the exponent or
     overflow to inf, inf, NaN; NaN by class)."""
     from fpsim.emulate.random import random_bits_at
-    from fpsim.replay.engine import _quantize
+    from fpsim.replay.storage import quantize
 
     rng = np.random.default_rng(seed % 1000)
     x = _special(rng, 100_003, 1.0)
@@ -412,7 +431,7 @@ def test_fast_master_and_state_rounding_equals_the_emulator(fmt, mode, seed):
     x[60:70] = np.array(ties * 2, np.uint32).view(np.float32)
     x[70:80] = (rng.standard_normal(10) * 2.0**-20).astype(np.float32)  # float16 subnormals
     x[80:85] = [65520.0, -65520.0, 65536.0, 1e6, -1e6]  # float16 overflow (65520: a tie, to inf)
-    got = _quantize(x, fpsim.get_format(fmt), fpsim.RoundMode(mode), seed)
+    got = quantize(x, fpsim.get_format(fmt), fpsim.RoundMode(mode), COMPILED, seed)
     kw = {"random_bits": random_bits_at(seed, 0, x.size)} if mode == "stochastic" else {}
     want = fpsim.quantize(x, fmt, rounding=mode, **kw)
     _same(got, want, f"{fmt} {mode}")
@@ -424,8 +443,8 @@ def test_fast_master_and_state_rounding_equals_the_emulator(fmt, mode, seed):
 def test_fast_nearest_rounding_on_strided_float32_patterns(fmt):
     """The compiled nearest-even roundings against fpsim.quantize on every 61st float32 bit
     pattern (NaN by class)."""
-    from fpsim.replay.engine import _quantize
+    from fpsim.replay.storage import quantize
 
     x = np.arange(0, 1 << 32, 61, dtype=np.uint64).astype(np.uint32).view(np.float32)
-    got = _quantize(x, fpsim.get_format(fmt), fpsim.RoundMode.NEAREST_EVEN)
+    got = quantize(x, fpsim.get_format(fmt), fpsim.RoundMode.NEAREST_EVEN, COMPILED)
     _same(got, fpsim.quantize(x, fmt), fmt)

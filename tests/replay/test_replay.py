@@ -286,3 +286,52 @@ def test_tensors_filter_replays_a_subset_exactly(tmp_path):
     )
     with pytest.raises(ValueError, match=r"tensors \['d'\] have no gradient at step 1"):
         replay(trace, [], tensors=["a", "d"], progress=False)
+
+
+def test_config_holds_resolved_formats_and_shows_their_names():
+    """Names are resolved once, when the configuration is made: the fields hold the objects
+    (equal to a configuration made from the objects), the repr shows the names, and unknown
+    names fail there, by name."""
+    from fpsim.formats import RECIPES, RoundMode, get_format
+
+    cfg = ReplayConfig(
+        "x",
+        m="bnb_dynamic8_block256",
+        master="bfloat16",
+        master_rounding="stochastic",
+        master_overrides=(("embed*", "float32"),),
+        weights="float16",
+    )
+    assert cfg.m is RECIPES["bnb_dynamic8_block256"] and cfg.master == get_format("bfloat16")
+    assert cfg.master_rounding is RoundMode.STOCHASTIC and cfg.weights == get_format("float16")
+    assert cfg.master_format("embed.w") == get_format("float32") and cfg.master_format("w") == cfg.master
+    same = ReplayConfig(
+        "x",
+        m=cfg.m,
+        master=cfg.master,
+        master_rounding=RoundMode.STOCHASTIC,
+        master_overrides=(("embed*", get_format("float32")),),
+        weights=cfg.weights,
+    )
+    assert same == cfg
+    assert repr(cfg).startswith("ReplayConfig(name='x', m='bnb_dynamic8_block256', v='float32',")
+    assert "master='bfloat16', master_rounding='stochastic'" in repr(cfg)
+    assert "master_overrides=(('embed*', 'float32'),), weights='float16'" in repr(cfg)
+    with pytest.raises(ValueError, match="unknown format 'bfloat17'"):
+        ReplayConfig("y", master="bfloat17")
+    with pytest.raises(ValueError, match="unknown rounding mode 'up'"):
+        ReplayConfig("y", master_rounding="up")
+
+
+def test_backend_and_sqrt_are_checked_once(tmp_path):
+    """``backend`` and ``sqrt`` take their names (the same bits on either backend); unknown
+    ones are refused by name."""
+    trace = write_trace(tmp_path / "t", [np.ones(8, np.float32)], np.ones(8, np.float32))
+    base = replay(trace, ["bf16-master-sr"], backend="numpy", progress=False).final_params
+    for backend, sqrt in (("auto", None), ("auto", "ieee")):
+        r = replay(trace, ["bf16-master-sr"], backend=backend, sqrt=sqrt, progress=False).final_params
+        np.testing.assert_array_equal(r["bf16-master-sr"]["w"], base["bf16-master-sr"]["w"])
+    with pytest.raises(ValueError, match="backend must be one of auto, numpy, compiled; got 'gpu'"):
+        replay(trace, [], backend="gpu", progress=False)
+    with pytest.raises(ValueError, match="sqrt must be one of ieee, torch; got 'exact'"):
+        replay(trace, [], sqrt="exact", progress=False)

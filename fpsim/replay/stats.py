@@ -1,0 +1,262 @@
+"""The replay's statistics: per (step, tensor, config) sums, the metrics formed from them, and
+the :class:`ReplayResult` that holds them.
+
+Every statistic is a mergeable partial (counts and float64 sums, the conventions of the README's
+Architecture section), so the metrics over steps, tensors or workers are formed exactly from
+the sums. :func:`tensor_stats` and :func:`state_stats` compute them on numpy, or on
+:attr:`fpsim.Backend.COMPILED` by the loops ``tensor_stats`` and ``state_stats`` of
+:mod:`fpsim._compiled.loops` (the same counts; the float64 sums in another order).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from .. import _compiled
+from .._compiled import Backend
+from .config import ReplayConfig, memory_table
+
+__all__ = ["ReplayResult", "Stats", "state_stats", "tensor_stats"]
+
+_COUNTS = (
+    "n",
+    "p_err_sq",
+    "p_ref_sq",
+    "upd_dot",
+    "upd_sq",
+    "upd_ref_sq",
+    "updates",
+    "swamped",
+    "state_nonzero",
+    "state_zeroed",
+)
+
+
+@dataclass
+class Stats:
+    """Per step x tensor x config sums, so that global metrics can be formed exactly.
+
+    ``n`` elements; ``p_err_sq`` = sum (p - p_ref)^2 and ``p_ref_sq`` = sum p_ref^2 after the
+    step; ``upd_dot``, ``upd_sq``, ``upd_ref_sq``: the dot products of the update and the
+    reference's update; ``updates``: elements the optimizer changed, ``swamped``: those of them
+    the master rounding swallowed; ``state_nonzero`` / ``state_zeroed``: nonzero rounded state
+    elements and those of them stored as zero; per state, ``state_err_sq`` = sum (s - s_ref)^2
+    and ``state_ref_sq`` = sum s_ref^2.
+    """
+
+    n: int = 0
+    p_err_sq: float = 0.0
+    p_ref_sq: float = 0.0
+    upd_dot: float = 0.0
+    upd_sq: float = 0.0
+    upd_ref_sq: float = 0.0
+    updates: int = 0
+    swamped: int = 0
+    state_nonzero: int = 0
+    state_zeroed: int = 0
+    state_err_sq: dict[str, float] = field(default_factory=dict)
+    state_ref_sq: dict[str, float] = field(default_factory=dict)
+
+
+@dataclass
+class ReplayResult:
+    """Per (step, tensor, config) statistics plus per (step, config) loss scale and skips.
+
+    ``final_params[config][tensor]`` and ``final_states[config][tensor][state]`` hold the
+    values after the last replayed step (float32, dequantized); config ``"reference"`` is the
+    FP32 reference.
+    """
+
+    trace: str
+    configs: list[ReplayConfig]
+    steps: list[int]
+    stats: dict[tuple[int, str, str], Stats] = field(default_factory=dict)
+    scale: dict[tuple[int, str], float] = field(default_factory=dict)
+    skipped: dict[tuple[int, str], bool] = field(default_factory=dict)
+    sizes: dict[str, int] = field(default_factory=dict)
+    final_params: dict[str, dict[str, np.ndarray]] = field(default_factory=dict)
+    final_states: dict[str, dict[str, dict[str, np.ndarray]]] = field(default_factory=dict)
+
+    def table(self):
+        """Tidy DataFrame: step, tensor, config, metric, value."""
+        import pandas as pd
+
+        rows = []
+        for (step, tensor, cfg), s in sorted(self.stats.items()):
+            for metric, value in _metrics(s).items():
+                rows.append((step, tensor, cfg, metric, value))
+        for (step, cfg), scale in sorted(self.scale.items()):
+            rows.append((step, "*", cfg, "loss_scale", scale))
+            rows.append((step, "*", cfg, "skipped", float(self.skipped[step, cfg])))
+        return pd.DataFrame(rows, columns=["step", "tensor", "config", "metric", "value"])
+
+    def per_step(self, config: str) -> list[dict[str, float]]:
+        """Metrics over all tensors, one dict per step."""
+        out = []
+        for step in self.steps:
+            total = _sum(s for (st, _, c), s in self.stats.items() if st == step and c == config)
+            out.append(
+                {
+                    "step": step,
+                    **_metrics(total),
+                    "loss_scale": self.scale.get((step, config), 1.0),
+                    "skipped": float(self.skipped.get((step, config), False)),
+                }
+            )
+        return out
+
+    def summary(self) -> dict[str, Any]:
+        """One entry per configuration under ``results`` (JSON-ready)."""
+        mem = {r["config"]: r for r in memory_table(self.configs, self.sizes)}
+        results = [self._summary_row(cfg.name, mem[cfg.name]["total"]) for cfg in self.configs]
+        return {"trace": self.trace, "parameters": sum(self.sizes.values()), "results": _json_safe(results)}
+
+    def _summary_row(self, config: str, bytes_per_param: float) -> dict[str, Any]:
+        per_step = self.per_step(config)
+        total = _sum(s for (_, _, c), s in self.stats.items() if c == config)
+        cos = [r["update_cosine"] for r in per_step if not math.isnan(r["update_cosine"])]
+        return {
+            "config": config,
+            "steps": len(self.steps),
+            "final_param_rel_error": per_step[-1]["param_rel_error"] if per_step else 0.0,
+            "mean_update_cosine": float(np.mean(cos)) if cos else float("nan"),
+            "swamped_share": total.swamped / total.updates if total.updates else 0.0,
+            "zero_state_share": total.state_zeroed / total.state_nonzero if total.state_nonzero else 0.0,
+            "skipped_steps": sum(self.skipped.get((s, config), False) for s in self.steps),
+            "final_loss_scale": per_step[-1]["loss_scale"] if per_step else 1.0,
+            "bytes_per_param": bytes_per_param,
+        }
+
+
+def _json_safe(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return [
+        {k: (str(v) if isinstance(v, float) and not math.isfinite(v) else v) for k, v in r.items()}
+        for r in rows
+    ]
+
+
+def _sum(stats: Iterable[Stats]) -> Stats:
+    out = Stats()
+    for s in stats:
+        for name in _COUNTS:
+            setattr(out, name, getattr(out, name) + getattr(s, name))
+        for name in ("state_err_sq", "state_ref_sq"):
+            d = getattr(out, name)
+            for k, v in getattr(s, name).items():
+                d[k] = d.get(k, 0.0) + v
+    return out
+
+
+def _metrics(s: Stats) -> dict[str, float]:
+    out = {
+        "param_rel_error": math.sqrt(s.p_err_sq / s.p_ref_sq) if s.p_ref_sq else math.sqrt(s.p_err_sq),
+        "update_cosine": s.upd_dot / math.sqrt(s.upd_sq * s.upd_ref_sq)
+        if s.upd_sq and s.upd_ref_sq
+        else float("nan"),
+        "swamped_share": s.swamped / s.updates if s.updates else 0.0,
+        "zero_state_share": s.state_zeroed / s.state_nonzero if s.state_nonzero else 0.0,
+    }
+    for k, err in s.state_err_sq.items():
+        ref = s.state_ref_sq.get(k, 0.0)
+        out[f"{k}_rel_error"] = math.sqrt(err / ref) if ref else math.sqrt(err)
+    return out
+
+
+# --- the statistics of one tensor ---------------------------------------------------------
+
+
+def tensor_stats(s: Stats, p_f32, p_old, p_new, p_ref, p_ref_old, backend: Backend) -> None:
+    """Update counts (changed by the optimizer; of those, swallowed by the master rounding) and
+    the float64 sums of the parameter error and of the two updates, into ``s``."""
+    flat = _compiled.flat32(p_f32, p_old, p_new, p_ref, p_ref_old) if backend is Backend.COMPILED else None
+    if flat is not None:
+        sums = np.zeros(5)
+        s.updates, s.swamped = _compiled.load().tensor_stats(*flat, sums)
+    else:
+        s.updates, s.swamped = _update_counts(p_f32, p_old, p_new)
+        sums = _param_sums(p_new, p_ref, p_old, p_ref_old)
+    s.p_err_sq, s.p_ref_sq, s.upd_dot, s.upd_sq, s.upd_ref_sq = (float(x) for x in sums)
+
+
+def state_stats(s: Stats, st: str, exact, stored, ref, backend: Backend) -> None:
+    """Zero counts (``exact`` given: the state was rounded) and the float64 error sums of state
+    ``st``, into ``s``."""
+    flat = None
+    if backend is Backend.COMPILED:
+        flat = _compiled.flat32(stored if exact is None else exact, stored, ref)
+    if flat is not None:
+        sums = np.zeros(2)
+        nonzero, zeroed = _compiled.load().state_stats(*flat, sums)
+        err, tot = float(sums[0]), float(sums[1])
+    else:
+        nonzero, zeroed = _zero_counts(exact, stored) if exact is not None else (0, 0)
+        err, tot = _state_sums(stored, ref)
+    if exact is not None:
+        s.state_nonzero += nonzero
+        s.state_zeroed += zeroed
+    s.state_err_sq[st], s.state_ref_sq[st] = err, tot
+
+
+# Per-tensor statistics in cache-sized chunks (float64 temporaries of a whole tensor would be
+# fresh memory, page-faulted in, costing more than the arithmetic); chunk sums are added in
+# order, so the result depends on the tensor's size only.
+_CHUNK = 1 << 15
+
+
+def _chunks(*arrays: np.ndarray):
+    flat = [a.reshape(-1) for a in arrays]
+    for i in range(0, flat[0].size, _CHUNK):
+        yield [a[i : i + _CHUNK] for a in flat]
+
+
+def _update_counts(p_f32, p_old, p_new) -> tuple[int, int]:
+    """Elements the optimizer changed, and those of them the master rounding swallowed."""
+    updates = swamped = 0
+    for f, o, n in _chunks(p_f32, p_old, p_new):
+        intended = f != o
+        updates += int(np.count_nonzero(intended))
+        swamped += int(np.count_nonzero(intended & (n == o)))
+    return updates, swamped
+
+
+def _zero_counts(exact, stored) -> tuple[int, int]:
+    """Nonzero state elements, and those of them stored as zero."""
+    nonzero = zeroed = 0
+    for v, q in _chunks(exact, stored):
+        nz = v != 0
+        nonzero += int(np.count_nonzero(nz))
+        zeroed += int(np.count_nonzero(nz & (q == 0)))
+    return nonzero, zeroed
+
+
+def _param_sums(p_new, p_ref, p_old, p_ref_old) -> tuple[float, ...]:
+    """sum (new - ref)^2, sum ref^2, and the dot products of the two updates (float64)."""
+    out = np.zeros(5)
+    for n, r, o, ro in _chunks(p_new, p_ref, p_old, p_ref_old):
+        n, r = n.astype(np.float64), r.astype(np.float64)
+        d = n - r
+        u, ur = n - o, r - ro
+        out += [_dot(d, d), _dot(r, r), _dot(u, ur), _dot(u, u), _dot(ur, ur)]
+    return tuple(float(x) for x in out)
+
+
+def _state_sums(v, ref) -> tuple[float, float]:
+    """sum (v - ref)^2 and sum ref^2 (float64)."""
+    err = tot = 0.0
+    for a, r in _chunks(v, ref):
+        r = r.astype(np.float64)
+        e = a - r
+        err += _dot(e, e)
+        tot += _dot(r, r)
+    return err, tot
+
+
+def _dot(a: np.ndarray, b: np.ndarray) -> float:
+    """Dot product in numpy's own loop: BLAS would start its own threads inside replay's, and
+    its result can depend on how many it starts."""
+    return float(np.einsum("i,i->", a, b))

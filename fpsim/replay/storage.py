@@ -1,0 +1,108 @@
+"""How a configuration stores its optimizer states and its master copy (semantics 3 and 4 of
+:mod:`fpsim.replay.engine`): the stored form of a state and its float32 values, and the
+rounding of the master copy (nearest-even or stochastic, optionally with Kahan compensation).
+
+On :attr:`fpsim.Backend.COMPILED`, 8-bit block states take the fused step's encoder and decoder
+(:mod:`fpsim.replay.fused`) and the roundings to bfloat16 and float16 the loops ``bf16_round``
+and ``f16_round`` of :mod:`fpsim._compiled.loops` (same bits; tests/replay/test_compiled.py
+compares them with the emulator).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from .. import _compiled
+from .._compiled import Backend
+from ..emulate import decode, encode
+from ..emulate import element as emulate
+from ..emulate.blocks import encode_decode_blocks
+from ..emulate.random import random_bits_at
+from ..formats import BlockFormat, Format, RoundMode, get_format
+from . import fused as _fused
+from .config import ReplayConfig, StateFormat
+
+__all__ = ["is_quantized", "load_state", "quantize", "round_master", "store_and_load"]
+
+_F32 = np.float32
+_F16 = get_format("float16")
+_BF16 = get_format("bfloat16")
+_BF16_MODES = (RoundMode.NEAREST_EVEN, RoundMode.STOCHASTIC)
+
+
+def is_quantized(cfg: ReplayConfig, fmt: StateFormat, size: int) -> bool:
+    """Whether a state of ``size`` elements is stored in ``fmt`` (else as float32)."""
+    return size >= cfg.min_quantized_size and not (isinstance(fmt, Format) and fmt.name == "float32")
+
+
+def store_and_load(cfg: ReplayConfig, st: str, x: np.ndarray, backend: Backend) -> tuple[Any, np.ndarray]:
+    """The stored form of state ``st`` and its float32 values, in one pass: block recipes as
+    codes (by the fused step's own encoder where it covers the recipe), element formats as
+    their float32 values (exact in the format)."""
+    fmt = cfg.state_format(st)
+    if not is_quantized(cfg, fmt, x.size):
+        return x, x
+    if isinstance(fmt, BlockFormat):
+        return _fused.encode_state(fmt, x, backend) or encode_decode_blocks(x, fmt)
+    if isinstance(fmt, Format):
+        q = quantize(x, fmt, RoundMode.NEAREST_EVEN, backend)
+        return q, q
+    stored = encode(x, fmt)
+    return stored, decode(stored, fmt)
+
+
+def load_state(cfg: ReplayConfig, st: str, stored: Any, backend: Backend) -> np.ndarray:
+    """The float32 values of stored state ``st``."""
+    if isinstance(stored, np.ndarray) and stored.dtype == _F32:
+        return stored
+    fmt = cfg.state_format(st)
+    out = _fused.decode_state(fmt, stored, backend)
+    return decode(stored, fmt) if out is None else out
+
+
+def quantize(x: np.ndarray, fmt: Format, mode: RoundMode, backend: Backend, seed: int = 0) -> np.ndarray:
+    """``emulate.quantize(x, fmt, rounding=mode)`` (stochastic: ``random_bits=random_bits_at(seed,
+    0, n)``). On :attr:`Backend.COMPILED`, bfloat16 (nearest-even or stochastic) and float16
+    (nearest-even) take compiled loops, their NaN inputs the emulator."""
+    flat = _compiled.flat32(x) if backend is Backend.COMPILED else None
+    out = np.empty(x.shape, _F32)
+    if flat is not None and fmt == _F16 and mode is RoundMode.NEAREST_EVEN:
+        nan = _compiled.load().f16_round(flat[0], out.reshape(-1)) > 0
+    elif flat is not None and fmt == _BF16 and mode in _BF16_MODES:
+        mix = np.uint64((seed * 0x9E3779B97F4A7C15) % (1 << 64))
+        stochastic = mode is RoundMode.STOCHASTIC
+        nan = _compiled.load().bf16_round(flat[0], stochastic, mix, 0, out.reshape(-1)) > 0
+    else:
+        return emulate.quantize(x, fmt, rounding=mode, **_random_bits(x, mode, seed))
+    if nan:  # (the stochastic words are drawn for all of x: the NaNs keep their own)
+        where = np.isnan(x)
+        kw = {k: v[where] for k, v in _random_bits(x, mode, seed).items()}
+        out[where] = emulate.quantize(x[where], fmt, rounding=mode, **kw)
+    return out
+
+
+def _random_bits(x: np.ndarray, mode: RoundMode, seed: int) -> dict[str, np.ndarray]:
+    """The ``random_bits`` argument of a rounding of ``x`` in ``mode`` (none unless stochastic)."""
+    if mode is not RoundMode.STOCHASTIC:
+        return {}
+    return {"random_bits": random_bits_at(seed, 0, x.size).reshape(x.shape)}
+
+
+def round_master(
+    cfg: ReplayConfig, fmt: Format, p_old, p_f32, comp: np.ndarray | None, seed: int, backend: Backend
+) -> tuple[np.ndarray, np.ndarray | None]:
+    """The new master copy in ``fmt`` from the FP32 result ``p_f32`` (``cfg.master_rounding``,
+    stochastic words from ``seed``), and with ``cfg.kahan`` the new compensation (``comp``:
+    the carried rounding error, in ``fmt``)."""
+    mode = cfg.master_rounding
+    if not cfg.kahan:
+        if fmt.name == "float32":  # rounding float32 to float32 is exact in every mode
+            return p_f32, comp
+        return quantize(p_f32, fmt, mode, backend, seed), comp
+    kw: dict[str, Any] = {"rounding": mode, **_random_bits(p_f32, mode, seed)}
+    # Kahan: y = update + carried error; new = fl(p + y); error = y - (new - p), stored in fmt
+    y = (p_f32.astype(np.float64) - p_old) + comp
+    new = emulate.quantize(p_old.astype(np.float64) + y, fmt, **kw)
+    return new, emulate.quantize(y - (new.astype(np.float64) - p_old), fmt)
