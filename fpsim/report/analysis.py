@@ -1,6 +1,7 @@
 """Reports of an :class:`~fpsim.analysis.run.Analysis`: a printed table, CSV, JSON, Markdown, figures.
 
-Consumes only the analysis tables (DESIGN.md: plotting and printing only consume them).
+Consumes only the analysis tables: as everything in :mod:`fpsim.report`, it prints and plots
+results and computes no metric (the README's Architecture section: report comes last).
 Figures are drawn on ``matplotlib.figure.Figure`` objects (no global pyplot state, no
 display needed) in the shared style of :mod:`fpsim.report.style`.
 """

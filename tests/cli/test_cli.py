@@ -86,8 +86,9 @@ def test_exhaustive_reports_an_injected_disagreement(capsys, monkeypatch):
 
 
 def test_exhaustive_e8m0_from_float32_subnormals(capsys):
-    """E8M0 from float32 subnormals (see REFERENCE): ml_dtypes 0.6 rounds (2**-127, 2**-126) up,
-    a real disagreement on 1048575 inputs; 0.7 rounds them to nearest, as fpsim does."""
+    """E8M0 from float32 subnormals (README, "Conventions (and where other tools differ)"):
+    ml_dtypes 0.6 rounds (2**-127, 2**-126) up, a real disagreement on 1048575 inputs; 0.7
+    rounds them to nearest, as fpsim does."""
     import ml_dtypes
 
     code = main(["exhaustive", "float8_e8m0fnu", "--start", "0x00400000", "--stop", "0x00500000", "--quiet"])
