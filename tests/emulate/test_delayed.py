@@ -1,13 +1,14 @@
 """TE DelayedScaling (amax history) stepped over hand-made sequences.
 
-Rules from /tmp/scaling_semantics.md section 1 (TE ``delayed_scaling.cu`` kernel_bulk, the
-default fused update): the cast uses the scale already stored (step 0: 1); the amax (NaN
-ignored) goes into history[0]; then, if it is nonzero, the history rolls to
-``[0, h2, ..., h_{N-1}, last]`` and "max" takes the max over ``h1..h_{N-1}`` and ``last``
-(the last N amaxes); if it is zero nothing rolls and the scale is kept. The scale is
-``f32(f32(fp8_max * 2**-margin) / amax)`` for finite positive amax, else kept; inf ->
-FLT_MAX. Expected histories are written out by hand; scales come from torch float32
-division of the hand-picked window amaxes; codes from torch's cast of f32(x * scale).
+Rules of section 1 in ``tests/oracles/scaling.py``, numbered in fpsim/emulate/delayed.py (TE
+``delayed_scaling.cu`` kernel_bulk, the default fused update): the cast uses the scale
+already stored (step 0: 1); the amax (NaN ignored) goes into history[0]; then, if it is
+nonzero, the history rolls to ``[0, h2, ..., h_{N-1}, last]`` and "max" takes the max over
+``h1..h_{N-1}`` and ``last`` (the last N amaxes); if it is zero nothing rolls and the scale
+is kept. The scale is ``f32(f32(fp8_max * 2**-margin) / amax)`` for finite positive amax,
+else kept; inf -> FLT_MAX. Expected histories are written out by hand; scales come from
+torch float32 division of the hand-picked window amaxes; codes from torch's cast of f32(x *
+scale).
 """
 
 from __future__ import annotations
@@ -150,7 +151,7 @@ def test_hand_scale_values():
 
 def test_max_keeps_scale_on_zero_step_despite_history():
     """With "max", a zero step does not roll and uses amax 0, so the previous scale is kept
-    even though the history holds nonzero amaxes (section 1 step 3)."""
+    even though the history holds nonzero amaxes (rule 3 of fpsim/emulate/delayed.py)."""
     ds = DelayedScaling(history_len=3)
     state = ds.init()
     _, state = ds.step(state, tensor_with_amax(8.0, 0))

@@ -1,7 +1,7 @@
 """Block formats against the libraries they emulate: torchao MX and AdamWFp8, bitsandbytes.
 
-Section numbers refer to /tmp/scaling_semantics.md. The libraries are optional: each group
-skips cleanly (``pytest.importorskip``) when torchao or bitsandbytes is missing.
+Section numbers refer to the list of recipes in ``tests/oracles/scaling.py``. The libraries
+are optional: each group skips cleanly (``pytest.importorskip``) when torchao or bitsandbytes is missing.
 
 Known deviations of the installed torchao (0.18, eager path) from the MX rules fpsim
 follows are kept out of the random comparisons and pinned one by one in
@@ -274,10 +274,10 @@ def lut_emulation(x: np.ndarray, table: np.ndarray, bs: int) -> np.ndarray:
 
 
 def test_bnb_cpu_lut_versus_exact_nearest(record_property):
-    """On N(0,1) data (block 256, signed map) bitsandbytes' CPU kernel misses the exact
-    nearest entry for a small fraction of elements (REFERENCE: about 0.15%). Every code it
-    returns, misses included, is predicted by the LUT rule (section 6), and outside the
-    misses it is the exact nearest entry."""
+    """On N(0,1) data (block 256, signed map) bitsandbytes' CPU kernel misses the exact nearest
+    entry for a small fraction of elements (about 0.15%, see ``Codebook`` in
+    fpsim/formats/block.py). Every code it returns, misses included, is predicted by the LUT
+    rule (section 6), and outside the misses it is the exact nearest entry."""
     F = lazy_bnb()
     rng = np.random.default_rng(5)
     x = rng.standard_normal(256 * 1000).astype(F32)
@@ -306,7 +306,7 @@ def test_bnb_cpu_lut_versus_exact_nearest(record_property):
 
 def test_bnb_cpu_lut_bin_edges():
     """Normalized values within a few ulps of the LUT bin edges where the code changes
-    (a = (v + 1) / 2 near (n - 0.5) / 65535, section 6 step 3): bitsandbytes' CPU codes
+    (a = (v + 1) / 2 near (n - 0.5) / 65535, section 6, the CPU kernel's grid): bitsandbytes' CPU codes
     follow the LUT rule there, and Codebook(lut_bins=65536) equals bitsandbytes."""
     F = lazy_bnb()
     table = Codebook.bnb_dynamic(True).table

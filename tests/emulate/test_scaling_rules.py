@@ -1,7 +1,7 @@
 """Each ScaleRule transcribed from its source, with hand-worked numbers and torch casts.
 
-Section numbers refer to /tmp/scaling_semantics.md (the recipes as read from Transformer
-Engine, torchao, bitsandbytes and the OCP MX reference code). Expected codes and scales are
+Section numbers refer to the list of recipes in ``tests/oracles/scaling.py`` (as read from
+Transformer Engine, torchao, bitsandbytes and the OCP MX reference code). Expected codes and scales are
 worked out by hand (hex constants) or computed with torch float32 ops in the order the
 source uses, torch's ``.to(float8_*)`` casts and ml_dtypes; never with fpsim itself.
 """
@@ -104,7 +104,7 @@ def test_te_current_scaling_by_hand(x, scale_inv, codes):
     ids=["amax3", "amax448", "amax1000", "tiny", "zero", "inf"],
 )
 def test_te_pow2_masks_down(amax, scale, scale_inv):
-    """pow2 scales (section 2 step 5): bits(scale) & 0xFF800000, a round-down to a power of
+    """pow2 scales (section 2, ``pow2``): bits(scale) & 0xFF800000, a round-down to a power of
     two; scale 1 for amax 0/inf; FLT_MAX -> 2**127."""
     bf = dataclasses.replace(get_format("e4m3_tensor"), pow2=True)
     x = np.array([amax, -amax / 2 if np.isfinite(amax) else 1.0], F32)
@@ -116,7 +116,7 @@ def test_te_pow2_masks_down(amax, scale, scale_inv):
 
 
 def test_te_amax_epsilon():
-    """amax < eps -> eps (section 2 step 1); eps also lifts a zero amax, so a zero tensor
+    """amax < eps -> eps (section 2, the eps bound); eps also lifts a zero amax, so a zero tensor
     gets 448/eps, not 1."""
     bf = dataclasses.replace(get_format("e4m3_tensor"), eps=1.0)
     bc = fpsim.encode(np.array([0.5, -0.25], F32), bf)  # amax 0.5 -> 1.0 -> scale 448

@@ -73,7 +73,7 @@ def test_preset_reachable_by_name(name):
     ids=lambda v: v if isinstance(v, str) else None,
 )
 def test_preset_fields(name, element, block, rule, scale_format):
-    """The presets are the recipes of /tmp/scaling_semantics.md sections 4-7."""
+    """The presets are the recipes of sections 4-7 in ``tests/oracles/scaling.py``."""
     bf = get_format(name)
     if element is not None:
         assert bf.element is get_format(element)
@@ -81,7 +81,7 @@ def test_preset_fields(name, element, block, rule, scale_format):
 
 
 def test_preset_elements_of_int_and_codebook_recipes():
-    """mxint8 elements are k/64 symmetric (semantics section 4, MXINT8); int8_block* are
+    """mxint8 elements are k/64 symmetric (section 4, MXINT8); int8_block* are
     -127..127; bnb presets use the signed dynamic map and block the flattened tensor."""
     mxint8 = get_format("mxint8").element
     assert isinstance(mxint8, IntFormat)
@@ -234,7 +234,7 @@ def test_element_format_is_not_a_block_format():
 
 
 def te_ref(x: np.ndarray, blocks: np.ndarray, bf: BlockFormat):
-    """TE rule on given blocks (semantics sections 2-3): returns (scale_inv bits, codes)."""
+    """TE rule on given blocks (sections 2-3): returns (scale_inv bits, codes)."""
     amax = R.fmax_amax(blocks, axis=tuple(range(1, blocks.ndim)))
     scale = R.te_scale(amax, bf.elem_max, bf.pow2, bf.eps)
     return R.f32_bits(F32(1) / scale).reshape(-1), scale.reshape(-1)

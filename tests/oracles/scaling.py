@@ -1,10 +1,24 @@
 """Reference transcriptions of the scaling recipes, shared by the block-format tests.
 
-Every function here is written from /tmp/scaling_semantics.md (the recipes as read from
-Transformer Engine, torchao, bitsandbytes and the OCP MX reference code) with numpy float32
-arithmetic and ml_dtypes casts. None of them calls fpsim's encode / decode: they are the
-oracles the tests hold fpsim to. Element tables come from fpsim's scalar tier via conftest
-(``finite_values``), which the element-format tests check against ml_dtypes.
+Every function here is written from the recipes as read from Transformer Engine, torchao,
+bitsandbytes and the OCP MX reference code, with numpy float32 arithmetic and ml_dtypes
+casts. None of them calls fpsim's encode / decode: they are the oracles the tests hold fpsim
+to. Element tables come from fpsim's scalar tier (:func:`oracles.finite_values`), which the
+element-format tests check against ml_dtypes.
+
+The block-format tests cite the recipes as sections:
+
+1. TE DelayedScaling (``delayed_scaling.cu`` kernel_bulk); its rules, numbered, are the
+   module docstring of ``fpsim/emulate/delayed.py``.
+2. TE current scaling (``recipe_common.cuh`` compute_scale_from_amax; ``ScaleRule.TE``).
+3. TE Float8BlockScaling (1x128 blocks, 128x128 tiles, pow2 scales).
+4. MX (OCP MX v1.0 section 6.3 and torchao's CEIL / EVEN / RCEIL; ``ScaleRule.MX_*``).
+5. NVFP4 (TE ``core_nvfp4.cuh``; ``ScaleRule.NVFP4``).
+6. bitsandbytes blockwise quantization with its dynamic codebook (``Codebook``).
+7. torchao AdamWFp8 and linear INT8 (``ScaleRule.ABSMAX``).
+
+Each rule as fpsim states it is the docstring of ``ScaleRule`` (and ``Codebook``) in
+``fpsim/formats/block.py``.
 """
 
 from __future__ import annotations
@@ -120,7 +134,7 @@ def int_rne(v, lo: int, hi: int) -> np.ndarray:
 
 
 def te_scale(amax, elem_max: float, pow2: bool = False, eps: float = 0.0) -> np.ndarray:
-    """TE recipe_common.cuh ``compute_scale_from_amax`` (semantics section 2), float32:
+    """TE recipe_common.cuh ``compute_scale_from_amax`` (section 2), float32:
     amax < eps -> eps; amax 0/inf/NaN -> 1; f32(elem_max / amax); inf -> FLT_MAX; pow2 masks
     the mantissa (rounds down)."""
     a = np.asarray(amax, F32)
@@ -144,7 +158,7 @@ def mx_floor_exponent(amax) -> np.ndarray:
 
 
 def mx_floor_ref(x: np.ndarray, elem: str, block: int = 32):
-    """OCP MX v1.0 section 6.3 floor rule along the last axis (semantics section 4).
+    """OCP MX v1.0 section 6.3 floor rule along the last axis (section 4).
 
     Returns (element codes, E8M0 scale codes). ``elem`` is an ELEMENTS name or "mxint8"
     (k/64, k in [-127, 127], emax 0)."""
@@ -173,7 +187,7 @@ def absmax_int8_ref(xb: np.ndarray):
 
 
 def absmax_fp8_ref(xb: np.ndarray, eps: float = 1e-12):
-    """torchao AdamWFp8 (semantics section 7): s = f32(clip(amax, f32(eps)) / 448),
+    """torchao AdamWFp8 (section 7): s = f32(clip(amax, f32(eps)) / 448),
     codes = e4m3(f32(x / s)) saturating."""
     amax = nan_amax(xb)
     s = (np.maximum(amax, F32(eps)) / F32(448)).astype(F32)
@@ -182,7 +196,7 @@ def absmax_fp8_ref(xb: np.ndarray, eps: float = 1e-12):
 
 
 def nvfp4_ref(x: np.ndarray, block: int = 16):
-    """TE NVFP4, newest order (semantics section 5), along the last axis.
+    """TE NVFP4, newest order (section 5), along the last axis.
 
     Returns (element codes, E4M3 block scale codes, tensor decode scale float32)."""
     xb = blocks_last(np.asarray(x, F32), block)
