@@ -9,47 +9,21 @@ Kahan / Neumaier compensation; promotion every N) over a tile of output elements
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
 
 from ..emulate import element as emulate
-from ..formats import FORMATS, Encoding, Format, RoundMode, get_format
+from ..formats import Encoding, Format, RoundMode
+from .spec import AccumulatorSpec, Compensation, Order, tree_width
 
-_ORDERS = ("sequential", "pairwise", "blocked")
-_COMPENSATION = {False: None, None: None, True: "kahan", "kahan": "kahan", "neumaier": "neumaier"}
 _U = np.uint64
 _ABS = _U(0x7FFF_FFFF_FFFF_FFFF)
 _TILE = 1 << 14  # output elements processed together (their temporaries stay in L2)
 _py_sum = sum
 
 
-# --- formats ----------------------------------------------------------------------------
-
-
-def accumulator_format(spec: str | Format | int) -> Format:
-    """The accumulator format named by ``spec``.
-
-    Args:
-        spec: a registry name (``"float32"``, ``"bfloat16"``, ...), a :class:`~fpsim.Format`,
-            or an int ``p`` in [2, 24]: float32's exponent range with ``p`` significant bits
-            (``mantissa_bits = p - 1``), named ``"float32_p<p>"``.
-
-    Raises:
-        ValueError / TypeError: for unknown names, block recipes, integer formats, unsigned
-            formats or formats without zero (E8M0).
-    """
-    if isinstance(spec, (int, np.integer)) and not isinstance(spec, bool):
-        if not 2 <= spec <= 24:
-            raise ValueError(f"accumulator: p must be in [2, 24] significant bits, got {spec}")
-        return replace(FORMATS["float32"], name=f"float32_p{int(spec)}", mantissa_bits=int(spec) - 1)
-    fmt = get_format(spec)
-    if not isinstance(fmt, Format) or not fmt.signed or not fmt.has_zero:
-        raise ValueError(
-            f"accumulator: need a signed float format with a zero (a name, a Format or an int p), got {fmt}"
-        )
-    return fmt
+# --- rounding ---------------------------------------------------------------------------
 
 
 class _Rounder:
@@ -182,18 +156,6 @@ def _decode64(codes: np.ndarray, fmt: Format) -> np.ndarray:
 # --- the schedule -----------------------------------------------------------------------
 
 
-@dataclass(frozen=True)
-class _Spec:
-    acc: Format
-    mode: RoundMode
-    width: int | None  # None: sequential
-    chunk: int | None  # promote_every
-    promote: Format | None
-    pmode: RoundMode
-    comp: str | None
-    nbits: int
-
-
 def _levels(n: int, width: int | None) -> list[int]:
     """Element counts of the tree's levels, ``[n, ceil(n / W), ..., 1]`` (at least two)."""
     w = max(n, 2) if width is None else width
@@ -211,17 +173,20 @@ def _group_sizes(n: int, width: int | None) -> list[list[int]]:
     return [[min(w, sizes[lv] - w * g) for g in range(sizes[lv + 1])] for lv in range(len(sizes) - 1)]
 
 
-def _group_roundings(m: int, comp: str | None) -> int:
-    return m if comp is None else 1 + 4 * (m - 1) + (comp == "neumaier")
+def _group_roundings(m: int, comp: Compensation) -> int:
+    """Roundings of a group of ``m`` elements (Neumaier adds the final ``R(s + c)``)."""
+    if comp is Compensation.NONE:
+        return m
+    return 1 + 4 * (m - 1) + (comp is Compensation.NEUMAIER)
 
 
 def rounding_count(
     k: int,
     *,
-    order: str = "sequential",
+    order: Order | str = Order.SEQUENTIAL,
     block: int | None = None,
     promote_every: int | None = None,
-    compensated: bool | str = False,
+    compensated: Compensation | bool | str = False,
     promoted: bool | None = None,
 ) -> int:
     """Roundings per output element of a reduction of ``k`` addends (module doc's numbering).
@@ -231,10 +196,16 @@ def rounding_count(
     always promotes, so pass ``promoted=True`` and its chunk length for it.
     """
     promoted = promote_every is not None if promoted is None else promoted
-    return _count(k, _width(order, block), _compensation(compensated), promote_every, promoted)
+    comp = Compensation.parse(compensated)
+    return _count(k, tree_width(order, block), comp, promote_every, promoted)
 
 
-def _count(k: int, width: int | None, comp: str | None, chunk: int | None, promoted: bool) -> int:
+def spec_rounding_count(spec: AccumulatorSpec, k: int) -> int:
+    """:func:`rounding_count` of a reduction of ``k`` addends with ``spec``."""
+    return _count(k, spec.width, spec.compensation, spec.promote_every, spec.promoted)
+
+
+def _count(k: int, width: int | None, comp: Compensation, chunk: int | None, promoted: bool) -> int:
     total = 0
     for c0 in range(0, k, chunk or max(k, 1)):
         n = min(chunk or k, k - c0)
@@ -265,7 +236,7 @@ class _Group:
 
 
 def _reduce_tile(
-    spec: _Spec,
+    spec: AccumulatorSpec,
     k: int,
     addend: Callable[[int], np.ndarray],
     stream: _Stream,
@@ -274,21 +245,21 @@ def _reduce_tile(
 ) -> np.ndarray:
     """The whole schedule for one tile of outputs: chunks, trees, promotion (module doc)."""
     n = len(addend(0))
-    acc = _Rounder(spec.acc, spec.mode, spec.nbits, n)
-    chunk = spec.chunk or k
+    acc = _Rounder(spec.accumulator, spec.rounding, spec.stochastic_bits, n)
+    chunk = spec.promote_every or k
     total = None
     for c0 in range(0, k, chunk):
         m = min(chunk, k - c0)
-        if spec.width is None and spec.comp is None:
+        if spec.width is None and spec.compensation is Compensation.NONE:
             part = _sequential(acc, m, c0, addend, stream, lost)
         else:
             part = _tree(spec, acc, m, c0, addend, stream, lost)
-        if spec.promote is None:
+        if not spec.promoted:
             return part
         if total is None:
-            prom = _Rounder(spec.promote, spec.pmode, spec.nbits, n)
+            prom = _Rounder(spec.promote_to, spec.promote_rounding, spec.stochastic_bits, n)
         x = part if scale is None else part * scale(c0)  # exact: two values of <= 24 bits
-        rand = stream.next(spec.pmode)
+        rand = stream.next(spec.promote_rounding)
         total = prom.exact(x, rand=rand) if total is None else prom.add(total, x, rand=rand)
     return total
 
@@ -312,7 +283,7 @@ def _count_lost(lost: list, new: np.ndarray, old: np.ndarray, t: np.ndarray) -> 
     lost[1] += nz
 
 
-def _tree(spec: _Spec, acc: _Rounder, n: int, c0: int, addend, stream: _Stream, lost) -> np.ndarray:
+def _tree(spec: AccumulatorSpec, acc: _Rounder, n: int, c0: int, addend, stream: _Stream, lost) -> np.ndarray:
     """Evaluate the tree over addends ``c0 .. c0 + n`` depth first (streaming, one group per level)."""
     groups = _group_sizes(n, spec.width)
     state = [_Group() for _ in groups]
@@ -321,11 +292,11 @@ def _tree(spec: _Spec, acc: _Rounder, n: int, c0: int, addend, stream: _Stream, 
         x, lv = addend(c0 + i), 0
         while True:
             g = state[lv]
-            _push(spec.comp, acc, g, x, stream, lost if lv == 0 else None)
+            _push(spec.compensation, acc, g, x, stream, lost if lv == 0 else None)
             if g.count < groups[lv][index[lv]]:
                 break
             x = g.s
-            if spec.comp == "neumaier":
+            if spec.compensation is Compensation.NEUMAIER:
                 x = acc.add(g.s, g.c, rand=stream.next(acc.mode))
             g.count = 0
             index[lv] += 1
@@ -335,7 +306,7 @@ def _tree(spec: _Spec, acc: _Rounder, n: int, c0: int, addend, stream: _Stream, 
     raise AssertionError("unreachable: the last addend completes the root group")
 
 
-def _push(comp: str | None, acc: _Rounder, g: _Group, x: np.ndarray, stream: _Stream, lost) -> None:
+def _push(comp: Compensation, acc: _Rounder, g: _Group, x: np.ndarray, stream: _Stream, lost) -> None:
     """Bring ``x`` into group ``g``'s running (compensated) sum (module doc)."""
 
     def r(u, v):
@@ -343,13 +314,13 @@ def _push(comp: str | None, acc: _Rounder, g: _Group, x: np.ndarray, stream: _St
 
     if g.count == 0:
         g.s = acc.exact(x, rand=stream.next(acc.mode))
-        g.c = np.zeros_like(x) if comp else None
-    elif comp is None:
+        g.c = None if comp is Compensation.NONE else np.zeros_like(x)
+    elif comp is Compensation.NONE:
         s = r(g.s, x)
         if lost is not None:
             _count_lost(lost, s, g.s, x)
         g.s = s
-    elif comp == "kahan":
+    elif comp is Compensation.KAHAN:
         y = r(x, -g.c)
         u = r(g.s, y)
         g.c = r(r(u, -g.s), -y)
@@ -367,63 +338,7 @@ def _push(comp: str | None, acc: _Rounder, g: _Group, x: np.ndarray, stream: _St
     g.count += 1
 
 
-# --- settings ---------------------------------------------------------------------------
-
-
-def _width(order: str, block: int | None) -> int | None:
-    if order == "sequential":
-        return None
-    if order == "pairwise":
-        return 2
-    if order == "blocked":
-        if not isinstance(block, (int, np.integer)) or block < 2:
-            raise ValueError(f"order='blocked' needs block=W, an int >= 2 (the tree width); got {block!r}")
-        return int(block)
-    raise ValueError(f"order must be one of {', '.join(_ORDERS)}; got {order!r}")
-
-
-def _compensation(compensated: bool | str | None) -> str | None:
-    try:
-        return _COMPENSATION[compensated]
-    except (KeyError, TypeError):
-        raise ValueError(
-            f"compensated must be False, True, 'kahan' or 'neumaier'; got {compensated!r}"
-        ) from None
-
-
-def _spec(
-    accumulator,
-    rounding,
-    order,
-    block,
-    promote_every,
-    promote_to,
-    promote_rounding,
-    compensated,
-    stochastic_bits,
-) -> _Spec:
-    acc = accumulator_format(accumulator)
-    if promote_every is not None and (not isinstance(promote_every, (int, np.integer)) or promote_every < 1):
-        raise ValueError(f"promote_every must be None or an int >= 1; got {promote_every!r}")
-    promote = accumulator_format(promote_to) if promote_every is not None else None
-    grids = [acc] + ([promote] if promote else [])
-    cap = min(51 - f.mantissa_bits for f in grids)
-    nbits = min(32, cap) if stochastic_bits is None else int(stochastic_bits)
-    if not 1 <= nbits <= min(32, cap):
-        raise ValueError(
-            f"stochastic_bits must be in [1, {min(32, cap)}] for a {grids[-1].name} accumulator "
-            f"(at most 51 - mantissa_bits, see fpsim.accumulate); got {stochastic_bits}"
-        )
-    return _Spec(
-        acc,
-        RoundMode.parse(rounding),
-        _width(order, block),
-        None if promote_every is None else int(promote_every),
-        promote,
-        RoundMode.parse(promote_rounding),
-        _compensation(compensated),
-        nbits,
-    )
+# --- inputs -----------------------------------------------------------------------------
 
 
 def _as_f32(x: Any, name: str) -> np.ndarray:

@@ -14,7 +14,8 @@ import pytest
 from oracles.accumulate import reduce_ref, round_frac
 
 import fpsim.accumulate as fa
-from fpsim import FORMATS, BlockFormat, RoundMode, ScaleRule, decode
+from fpsim import FORMATS, BlockFormat, RoundMode, ScaleRule, decode, get_format
+from fpsim.accumulate import _accumulator, verbs
 from fpsim.emulate.blocks import encode_blocks
 from fpsim.emulate.reference import decode_scalar
 
@@ -35,7 +36,7 @@ def spread_f32(rng, shape, lo=-8, hi=8) -> np.ndarray:
     return (rng.choice([-1.0, 1.0], size=shape) * np.ldexp(sig, e)).astype(np.float32)
 
 
-# --- hand-worked cases (REFERENCE.md) --------------------------------------------------------
+# --- hand-worked cases (each worked out from the format's spacing in its comments) --------------
 
 
 def test_bf16_sum_of_uniforms_stalls_at_256():
@@ -117,7 +118,7 @@ def test_rounded_add_matches_reference(fmt):
         u, v = _pairs(rng, fmt, 400)
         r = rng.integers(0, 1 << 32, u.size, dtype=np.uint32)
         with np.errstate(all="ignore"):
-            got = fa._Rounder(fmt, RoundMode(mode), nb, u.size).add(u, v, rand=r)
+            got = _accumulator._Rounder(fmt, RoundMode(mode), nb, u.size).add(u, v, rand=r)
         for i in range(u.size):
             want = float(round_frac(frac(u[i]) + frac(v[i]), fmt, mode, int(r[i]), nb))
             assert got[i] == want or (math.isnan(want) and math.isnan(got[i])), (fmt.name, mode, u[i], v[i])
@@ -126,7 +127,7 @@ def test_rounded_add_matches_reference(fmt):
 def test_decode_of_wide_formats_matches_scalar_reference():
     codes = np.random.default_rng(1).integers(0, 1 << P14.bits, 3000).astype(np.uint32)
     codes[:4] = [0, 1, P14.code_of_max, P14.code_of_inf]
-    got = fa._decode64(codes, P14)
+    got = _accumulator._decode64(codes, P14)
     want = np.array([decode_scalar(int(c), P14) for c in codes])
     assert np.array_equal(got, want, equal_nan=True)
 
@@ -192,15 +193,14 @@ def test_stochastic_seed_bits_and_product_rounding_match_reference():
         assert Fraction(float(got[o])) == want
 
 
-def test_tiles_do_not_change_results(monkeypatch):
+def test_tiles_do_not_change_results():
     rng = np.random.default_rng(3)
     a, b = spread_f32(rng, (5, 9)), spread_f32(rng, (9, 7))
     kw = dict(accumulator=14, rounding="stochastic", seed=5, order="blocked", block=2, promote_every=4)
     whole = fa.matmul(a, b, **kw)
-    monkeypatch.setattr(fa, "_TILE", 4)  # rows of 7 are cut into parts
-    assert np.array_equal(fa.matmul(a, b, **kw), whole)
-    monkeypatch.setattr(fa, "_TILE", 14)  # two whole rows per tile
-    assert np.array_equal(fa.matmul(a, b, **kw), whole)
+    spec = fa.AccumulatorSpec.build(**kw)
+    for tile in (4, 14):  # rows of 7 cut into parts; two whole rows per tile
+        assert np.array_equal(verbs._matmul(spec, a, b, None, False, tile=tile), whole)
 
 
 # --- consistency and oracles ----------------------------------------------------------------
@@ -280,7 +280,7 @@ def test_scaled_matmul_by_hand(ra, rb, promote, k):
     b = rng.standard_normal((k, n)).astype(np.float32)
     got = fa.scaled_matmul(a, b, ra, rb, accumulator=P14, rounding="toward_zero", promote_every=promote)
     ea, eb = encode_blocks(a, ra), encode_blocks(np.ascontiguousarray(b.T), rb)
-    rfa, rfb = (fa.get_format(r) for r in (ra, rb))
+    rfa, rfb = (get_format(r) for r in (ra, rb))
     qa, qb = decode(ea.codes, rfa.element), decode(eb.codes, rfb.element)
     sa, sb = decode(ea.scales, rfa.scale_format), decode(eb.scales, rfb.scale_format)
 
@@ -406,3 +406,44 @@ def test_sign_of_zero_sums(x, mode, negative):
     the sign of the exact sum (bfloat16 cannot hold 2^-140)."""
     got = fa.sum(np.array(x, np.float32), accumulator="bfloat16", rounding=mode)
     assert got == 0 and bool(np.signbit(got)) is negative, (x, mode, got)
+
+
+def test_enums_and_names_give_the_same_bits():
+    rng = np.random.default_rng(12)
+    a, b = spread_f32(rng, (4, 40)), spread_f32(rng, (40, 3))
+    for order, comp in itertools.product(
+        ["sequential", "pairwise", "blocked"], [False, True, "kahan", "neumaier"]
+    ):
+        kw = dict(accumulator="bfloat16", block=4 if order == "blocked" else None)
+        want = fa.matmul(a, b, order=order, compensated=comp, **kw)
+        got = fa.matmul(a, b, order=fa.Order(order), compensated=fa.Compensation.parse(comp), **kw)
+        assert np.array_equal(got.view(np.uint32), want.view(np.uint32)), (order, comp)
+    assert fa.Compensation.parse(True) is fa.Compensation.KAHAN
+    assert fa.Compensation.parse(None) is fa.Compensation.NONE is fa.Compensation.parse("none")
+    assert fa.rounding_count(10, order=fa.Order.PAIRWISE, compensated=fa.Compensation.NEUMAIER) == (
+        fa.rounding_count(10, order="pairwise", compensated="neumaier")
+    )
+
+
+@pytest.mark.parametrize(
+    "kwargs,match",
+    [
+        (dict(order=3), r"order must be one of sequential, pairwise, blocked; got 3"),
+        (dict(compensated=1), r"compensated must be False, True, 'kahan' or 'neumaier'"),
+        (dict(compensated="Kahan"), r"compensated must be .*; got 'Kahan'"),
+        (dict(promote_every=True), "promote_every must be None or an int >= 1"),
+        (dict(seed=1.5), "seed must be an int"),
+    ],
+)
+def test_bad_choices_name_the_argument(kwargs, match):
+    with pytest.raises((ValueError, TypeError), match=match):
+        fa.dot(np.ones(4, np.float32), np.ones(4, np.float32), **kwargs)
+
+
+def test_spec_is_resolved_once():
+    spec = fa.AccumulatorSpec.build(accumulator=14, order="blocked", block=4, promote_every=8, seed=3)
+    assert spec.accumulator == fa.accumulator_format(14) and spec.order is fa.Order.BLOCKED
+    assert spec.width == 4 and spec.promoted and spec.promote_to == FORMATS["float32"]
+    assert spec.stochastic_bits == 28 and not spec.stochastic  # 51 - 23 for the float32 promotion
+    with pytest.raises(AttributeError):
+        spec.block = 2  # frozen
