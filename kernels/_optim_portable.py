@@ -1,4 +1,4 @@
-"""Portable Triton kernel of one Adam / AdamW step with block-quantized states (DESIGN.md, Kernels).
+"""Portable Triton kernel of one Adam / AdamW step with block-quantized states.
 
 Ports, per element and block, what :func:`fpsim.replay.engine.replay` does for one tensor and step
 (:func:`fpsim.kernels.optim.adamw_step_reference` is the numpy twin):
@@ -24,8 +24,8 @@ Ports, per element and block, what :func:`fpsim.replay.engine.replay` does for o
    them is contracted into an fma (the sm_90 PTX is checked in the tests). The scalars
    arrive as float32 bit patterns computed on the host as :mod:`fpsim.optim` computes them;
 3. the new moments re-encoded with their recipe's ABSMAX rule, nearest-even, as
-   ``_blocks_portable.block_kernel`` does (rule 1 for integer and float elements, rule 7 for
-   the bitsandbytes codebooks): the block amax is an integer max of the magnitude bits,
+   ``_blocks_portable.block_kernel`` does (the ABSMAX rule for integer and float elements, the
+   CODEBOOK rule for the bitsandbytes codebooks): the block amax is an integer max of the magnitude bits,
    elements are cast with the integer helpers of ``_portable.py``;
 4. the FP32 parameter rounded once to the master format, nearest-even or stochastic (random
    words loaded, or Philox of the flat index as ``tl.randint``).
@@ -42,6 +42,7 @@ import os
 import triton
 import triton.language as tl
 
+from ._codes import Decay, Source, StateKind
 from ._loader import kernel_module
 
 _P = kernel_module("_portable", os.environ.get("TRITON_INTERPRET") == "1")
@@ -51,9 +52,17 @@ _load_f32_bits = _P._load_f32_bits
 _random_words = _P._random_words
 _u32 = _P._u32
 
-# KIND of a state (constexpr): 0 FP32 (float32 values, no scales), 1 codebook (bitsandbytes
-# nearest entry), 2 integer elements, 3 float elements.
-# DECAY: 0 none, 1 decoupled (AdamW), 2 L2 (Adam).
+# The KIND, DECAY and source codes (kernels/_codes.py) and the cast codes, as tl.constexpr globals.
+_FP32 = tl.constexpr(int(StateKind.FP32))
+_CODEBOOK = tl.constexpr(int(StateKind.CODEBOOK))
+_INT = tl.constexpr(int(StateKind.INT))
+_DECOUPLED = tl.constexpr(int(Decay.DECOUPLED))
+_L2 = tl.constexpr(int(Decay.L2))
+_SRC_FLOAT32 = tl.constexpr(int(Source.FLOAT32))
+_NEAREST_EVEN = _P._NEAREST_EVEN
+_IEEE = _P._IEEE
+_OVF_NOWHERE = _P._OVF_NOWHERE
+_OVF_ALWAYS = _P._OVF_ALWAYS
 
 
 @triton.jit
@@ -87,7 +96,7 @@ def _row_amax_bits(b, mask, IGNORE_NAN: tl.constexpr):
 @triton.jit
 def _load_state(c_ptr, s_ptr, tab_ptr, offs, blk, mask, rmask, KIND: tl.constexpr):
     """float32 values of a state: FP32 as stored, else ``table[code] * scale``."""
-    if KIND == 0:
+    if KIND == _FP32:
         x = _f32(tl.load(c_ptr + offs, mask=mask, other=0))
     else:
         code = tl.load(c_ptr + offs, mask=mask, other=0).to(tl.int32)
@@ -126,12 +135,12 @@ def _store_state(
     """Store a state: FP32 as is, else codes and one float32 scale per row (block), as
     fpsim.emulate.blocks.encode_blocks with the ABSMAX rule and nearest-even rounding."""
     b = _bits(x)
-    if KIND == 0:
+    if KIND == _FP32:
         tl.store(c_ptr + offs, b.to(tl.int32, bitcast=True), mask=mask)
     else:
         one = tl.full((1, 1), 1.0, tl.float32)
         zero = b * 0
-        if KIND == 1:  # bitsandbytes: v = clip(x * f32(1 / max(amax, 1e-38)), -1, 1)
+        if KIND == _CODEBOOK:  # bitsandbytes: v = clip(x * f32(1 / max(amax, 1e-38)), -1, 1)
             ab = _row_amax_bits(b, mask, True)
             amax = _f32(ab)
             tiny = _f32(_u32(eps_bits)) * one  # f32(1e-38), from the host
@@ -153,8 +162,10 @@ def _store_state(
             s = tl.math.div_rn(a, _f32(_u32(elem_max_bits)) * one)
             v = _bits(tl.math.div_rn(x, tl.where(s == 0, one, s)))
             rm = tl.full((1, 1), 0xFFFFFFFF, tl.uint32)
-            if KIND == 2:
-                code = _encode_int(v, zero, 32, rm, fb, ibits, _u32(imask), _u32(max_int), _u32(lo), 1, 0)
+            if KIND == _INT:
+                code = _encode_int(
+                    v, zero, 32, rm, fb, ibits, _u32(imask), _u32(max_int), _u32(lo), 1, _NEAREST_EVEN
+                )
             else:
                 # saturating: inf_lim = 0xFFFFFFFF, so nothing overflows to inf/NaN (OVF 0)
                 code = _encode_float(
@@ -173,12 +184,12 @@ def _store_state(
                     0,
                     _u32(code_nan),
                     _u32(sign_shift),
-                    0,
+                    _NEAREST_EVEN,
                     ENC,
                     True,
                     True,
                     False,
-                    0,
+                    _OVF_NOWHERE,
                 )
             sc = _bits(s)
         tl.store(c_ptr + offs, code.to(tl.uint8), mask=mask)
@@ -280,7 +291,7 @@ def adam_kernel(
     mask = rmask & (cols < B) & (offs < n)
 
     pb = _load_f32_bits(p_ptr, offs, mask, P_SRC)
-    if P_SRC != 0:  # emulate.decode: every NaN code of a 16-bit format is 0x7FC00000
+    if P_SRC != _SRC_FLOAT32:  # emulate.decode: every NaN code of a 16-bit format is 0x7FC00000
         pb = tl.where((pb & 0x7FFFFFFF) > 0x7F800000, 0x7FC00000, pb)
     p = _f32(pb)
     g = _f32(_load_f32_bits(g_ptr, offs, mask, G_SRC))
@@ -288,9 +299,9 @@ def adam_kernel(
     v = _load_state(vc_ptr, vs_ptr, v_tab, offs, blk, mask, rmask, V_KIND)
 
     # fpsim.optim._adam_step, operation by operation (no contraction: enable_fp_fusion=False)
-    if DECAY == 1:
+    if DECAY == _DECOUPLED:
         p = p * _f32(_u32(decay))
-    elif DECAY == 2:
+    elif DECAY == _L2:
         g = tl.fma(p, _f32(_u32(decay)), g)
     m = tl.fma(_f32(_u32(omb1)), g - m, m)
     v = tl.fma(_f32(_u32(omb2)) * g, g, v * _f32(_u32(beta2)))
@@ -367,13 +378,13 @@ def adam_kernel(
         _u32(p_code_nan),
         _u32(p_sign_shift),
         P_MODE,
-        0,
+        _IEEE,
         True,
         True,
         False,
-        3,
+        _OVF_ALWAYS,
     )
-    if P_SRC == 0:
+    if P_SRC == _SRC_FLOAT32:
         tl.store(p_out + offs, code.to(tl.int32, bitcast=True), mask=mask)
     else:
         tl.store(p_out + offs, code.to(tl.uint16).to(tl.int16, bitcast=True), mask=mask)

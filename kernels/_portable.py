@@ -1,4 +1,4 @@
-"""Portable Triton cast kernels: integer bit operations only (DESIGN.md, section Kernels).
+"""Portable Triton cast kernels: integer bit operations only (README, "Triton kernels").
 
 A port of :mod:`fpsim.emulate._bitcore` (``_split``, ``_round``, ``encode_float``, ``encode_int``)
 and of :func:`fpsim.emulate.element.decode`. Inputs arrive as integer views of their float bits
@@ -27,12 +27,27 @@ interpreter and once for the compiler; import it through there.
 import triton
 import triton.language as tl
 
-# Rounding modes (order of the constexpr MODE), see fpsim.formats.rounding.RoundMode.
-# 0 nearest_even, 1 nearest_away, 2 toward_zero, 3 toward_positive, 4 toward_negative,
-# 5 stochastic, 6 odd.
-# Encodings (ENC): 0 IEEE, 1 FN, 2 FNUZ, 3 FINITE.
-# Sources (SRC): 0 float32 bits as int32, 1 float16 bits as int16, 2 bfloat16 bits as int16.
-# Random words (RAND): 0 none, 1 loaded from r_ptr (uint32 bit patterns), 2 Philox of (seed, i).
+from ._codes import Enc, Overflow, Random, Round, Source
+
+# The constexpr codes (kernels/_codes.py), as tl.constexpr globals for the compiler.
+_NEAREST_EVEN = tl.constexpr(int(Round.NEAREST_EVEN))
+_NEAREST_AWAY = tl.constexpr(int(Round.NEAREST_AWAY))
+_TOWARD_ZERO = tl.constexpr(int(Round.TOWARD_ZERO))
+_TOWARD_POSITIVE = tl.constexpr(int(Round.TOWARD_POSITIVE))
+_TOWARD_NEGATIVE = tl.constexpr(int(Round.TOWARD_NEGATIVE))
+_ODD = tl.constexpr(int(Round.ODD))
+_IEEE = tl.constexpr(int(Enc.IEEE))
+_FN = tl.constexpr(int(Enc.FN))
+_FNUZ = tl.constexpr(int(Enc.FNUZ))
+_FINITE = tl.constexpr(int(Enc.FINITE))
+_OVF_NOWHERE = tl.constexpr(int(Overflow.NOWHERE))
+_OVF_POSITIVE = tl.constexpr(int(Overflow.POSITIVE))
+_OVF_NEGATIVE = tl.constexpr(int(Overflow.NEGATIVE))
+_OVF_ALWAYS = tl.constexpr(int(Overflow.ALWAYS))
+_SRC_FLOAT32 = tl.constexpr(int(Source.FLOAT32))
+_SRC_BFLOAT16 = tl.constexpr(int(Source.BFLOAT16))
+_RAND_LOADED = tl.constexpr(int(Random.LOADED))
+_RAND_PHILOX = tl.constexpr(int(Random.PHILOX))
 
 
 @triton.jit
@@ -58,11 +73,11 @@ def _offsets(n, BLOCK: tl.constexpr, I64: tl.constexpr):
 @triton.jit
 def _load_f32_bits(x_ptr, offs, mask, SRC: tl.constexpr):
     """float32 bit patterns (uint32) of the input elements, widened exactly from 16 bits."""
-    if SRC == 0:
+    if SRC == _SRC_FLOAT32:
         b = tl.load(x_ptr + offs, mask=mask, other=0).to(tl.uint32, bitcast=True)
     else:
         h = tl.load(x_ptr + offs, mask=mask, other=0).to(tl.uint16, bitcast=True).to(tl.uint32)
-        if SRC == 2:  # bfloat16: the top half of a float32
+        if SRC == _SRC_BFLOAT16:  # bfloat16: the top half of a float32
             b = h << 16
         else:  # float16: rebias the exponent; a subnormal m * 2**-24 is float32(m) / 2**24
             sign = (h & 0x8000) << 16
@@ -108,9 +123,9 @@ def _philox_word(seed_lo, seed_hi, offs):
 @triton.jit
 def _random_words(r_ptr, seed_lo, seed_hi, offs, mask, RAND: tl.constexpr):
     """uint32 random word of each element: loaded, or Philox4x32-10 of (seed, flat index)."""
-    if RAND == 1:
+    if RAND == _RAND_LOADED:
         r = tl.load(r_ptr + offs, mask=mask, other=0).to(tl.uint32, bitcast=True)
-    elif RAND == 2:
+    elif RAND == _RAND_PHILOX:
         r = _philox_word(seed_lo, seed_hi, offs)
     else:
         r = (offs * 0).to(tl.uint32)
@@ -142,21 +157,21 @@ def _round(sig, d, negu, r, nbits, rmask, MODE: tl.constexpr):
     """
     dc = tl.minimum(d, 25).to(tl.uint32)  # beyond 25 every bit of sig is discarded
     kept = sig >> dc
-    if MODE == 0:
+    if MODE == _NEAREST_EVEN:
         res = ((sig << 1) + (1 << dc) - 1 + (kept & 1)) >> (dc + 1)
-    elif MODE == 1:
+    elif MODE == _NEAREST_AWAY:
         res = (sig + ((1 << dc) >> 1)) >> dc
-    elif MODE == 2:
+    elif MODE == _TOWARD_ZERO:
         res = kept
     else:
         rem = sig & ((1 << dc) - 1)
         inexact = rem != 0
-        if MODE == 6:
+        if MODE == _ODD:
             res = kept | inexact.to(tl.uint32)
         else:
-            if MODE == 3:
+            if MODE == _TOWARD_POSITIVE:
                 up = inexact & (negu == 0)
-            elif MODE == 4:
+            elif MODE == _TOWARD_NEGATIVE:
                 up = inexact & (negu != 0)
             else:  # stochastic: away iff floor(frac * 2**n) + R >= 2**n
                 rn = r & rmask
@@ -209,9 +224,9 @@ def _encode_float(
 
     Runtime limits: ``inf_lim`` is ``code_max`` (0xFFFFFFFF when saturating: nothing goes
     to infinity), ``ftz_lim`` the first normal code (0 when subnormals are kept). OVF says
-    where overflow goes (IEEE 754-2019 section 7.4): 0 nowhere (finite formats), 1 to
-    infinity for positives only (toward +inf), 2 for negatives only, 3 always (nearest,
-    stochastic), 4 only infinite inputs (toward zero, odd).
+    where overflow goes (IEEE 754-2019 section 7.4), a :class:`fpsim.kernels._codes.Overflow`:
+    nowhere (finite formats), to infinity for positives only (toward +inf), for negatives
+    only, always (nearest, stochastic), or only for infinite inputs (toward zero, odd).
     """
     negu, mag, sig, es, es1 = _split(b)
     if EMIN_LOW:
@@ -230,34 +245,34 @@ def _encode_float(
         code = tl.where(code < ftz_lim, 0, code)
 
     # overflow (IEEE 754 7.4): inf and NaN inputs give codes above code_max too
-    if OVF != 0:
-        if OVF == 3:
+    if OVF != _OVF_NOWHERE:
+        if OVF == _OVF_ALWAYS:
             to_inf = code > inf_lim
-        elif OVF == 1:
+        elif OVF == _OVF_POSITIVE:
             to_inf = (code > inf_lim) & ((negu == 0) | (mag == 0x7F800000))
-        elif OVF == 2:
+        elif OVF == _OVF_NEGATIVE:
             to_inf = (code > inf_lim) & ((negu != 0) | (mag == 0x7F800000))
         else:
             to_inf = (code > inf_lim) & (mag == 0x7F800000)
     code = tl.minimum(code, code_max)  # the largest finite code for everything beyond it
     nan = mag > 0x7F800000
-    if OVF != 0:
-        if ENC == 0:
+    if OVF != _OVF_NOWHERE:
+        if ENC == _IEEE:
             code = tl.where(to_inf, code_inf, code)
         else:
             nan = nan | to_inf
     if not HAS_ZERO:
         nan = nan | (mag == 0)
     if SIGNED:
-        if ENC == 2:  # FNUZ: no negative zero
+        if ENC == _FNUZ:  # FNUZ: no negative zero
             sign = (negu & (code != 0).to(tl.uint32)) << sign_shift
         else:
             sign = negu << sign_shift
         code = code | sign
     else:
         nan = nan | ((negu != 0) & (mag != 0))
-    if ENC != 3:
-        if SIGNED and ENC < 2:  # IEEE and FN NaNs keep the input's sign
+    if ENC != _FINITE:
+        if SIGNED and (ENC == _IEEE or ENC == _FN):  # IEEE and FN NaNs keep the input's sign
             code = tl.where(nan, code_nan | sign, code)
         else:
             code = tl.where(nan, code_nan, code)
@@ -353,12 +368,12 @@ def _decode(
         bits = _compose(signif, scale)
         if SIGNED:
             bits = bits | (((c & sign_mask) != 0).to(tl.uint32) << 31)
-        if ENC == 0:  # IEEE: +-inf and NaN in the top binade
+        if ENC == _IEEE:  # IEEE: +-inf and NaN in the top binade
             top = field == top_field
             bits = tl.where(top, tl.where(frac == 0, (bits & 0x80000000) | 0x7F800000, 0x7FC00000), bits)
-        elif ENC == 1:  # FN: the all-ones magnitude
+        elif ENC == _FN:  # FN: the all-ones magnitude
             bits = tl.where(mag == mag_mask, 0x7FC00000, bits)
-        elif ENC == 2:  # FNUZ: the negative-zero code
+        elif ENC == _FNUZ:  # FNUZ: the negative-zero code
             bits = tl.where(c == sign_mask, 0x7FC00000, bits)
     return bits
 

@@ -31,21 +31,13 @@ import numpy as np
 
 from fpsim.formats import FORMATS, BlockFormat, Codebook, Format, IntFormat, RoundMode, ScaleRule, get_format
 
+from ._codes import Random, rule_code
 from ._loader import is_interpreted, kernel_module, require_torch
 from ._loader import launch as _launch_kernel
 from .cast import _decode_args, _encode_args, _i32, _stochastic_source
 
 __all__ = ["BlockCodesT", "encode_blocks"]
 
-_RULE = {
-    ScaleRule.TE: 0,
-    ScaleRule.ABSMAX: 1,
-    ScaleRule.MX_FLOOR: 2,
-    ScaleRule.MX_CEIL: 3,
-    ScaleRule.MX_EVEN: 4,
-    ScaleRule.MX_RCEIL: 5,
-    ScaleRule.NVFP4: 6,
-}
 _CHUNK = 1 << 14  # elements per program of the per-tensor passes
 
 
@@ -138,7 +130,7 @@ def encode_blocks(
     x = x.contiguous()
     xv = x.view(torch.int32)
     interp = is_interpreted(x.device)
-    rand, rand_kind = xv, 0
+    rand, rand_kind = xv, Random.NONE
     if mode is RoundMode.STOCHASTIC:
         if not 1 <= stochastic_bits <= 32:
             raise ValueError(f"stochastic_bits must be in [1, 32], got {stochastic_bits}")
@@ -171,7 +163,7 @@ def encode_blocks(
         POW2=bf.pow2,
         TAMAX=per_tensor or bf.rule is ScaleRule.NVFP4,
         ONE_SCALE=per_tensor,
-        RAND=rand_kind,
+        RAND=int(rand_kind),
         SCALE8=scale8,
         NMID=256,
         NMID_LOG2=8 if book else 0,
@@ -275,5 +267,5 @@ def _kernel_args(bf: BlockFormat, mode: RoundMode, nbits: int) -> tuple[dict, di
         even_inc=_i32(1 << (22 - m)),
     )
     ce = {k: ece[k] for k in ("IS_INT", "MODE", "ENC", "SIGNED", "HAS_ZERO", "OVF")}
-    ce["RULE"] = 7 if isinstance(el, Codebook) else _RULE[bf.rule]
+    ce["RULE"] = int(rule_code(bf))
     return rt, ce

@@ -3,7 +3,7 @@
 
 The kernels (``_portable.py``) port the emulator's integer algorithm (:mod:`fpsim.emulate._bitcore`)
 to Triton with integer bit operations only, so they run exactly in Triton's CPU
-interpreter and on a GPU (DESIGN.md, section Kernels). Every :class:`~fpsim.Format` and
+interpreter (whose float8 and bfloat16 float casts are wrong) and on a GPU. Every :class:`~fpsim.Format` and
 :class:`~fpsim.IntFormat` (the whole of :data:`fpsim.FORMATS` and any other format the
 emulator accepts) and every :class:`~fpsim.RoundMode` is supported, with ``saturate`` and
 ``subnormals`` as in :func:`fpsim.emulate.element.encode`.
@@ -40,23 +40,16 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from fpsim.formats import AnyFormat, Encoding, Format, IntFormat, RoundMode, get_format
+from fpsim.formats import AnyFormat, Format, IntFormat, RoundMode, get_format
 
+from ._codes import Enc, Random, Source, enc_code, overflow_code, round_code
 from ._loader import is_interpreted, kernel_module, require_torch
 from ._loader import launch as _launch_kernel
 
 __all__ = ["encode", "decode", "quantize", "code_dtype", "Launch"]
 
-_MODE = {
-    RoundMode.NEAREST_EVEN: 0,
-    RoundMode.NEAREST_AWAY: 1,
-    RoundMode.TOWARD_ZERO: 2,
-    RoundMode.TOWARD_POSITIVE: 3,
-    RoundMode.TOWARD_NEGATIVE: 4,
-    RoundMode.STOCHASTIC: 5,
-    RoundMode.ODD: 6,
-}
-_ENC = {Encoding.IEEE: 0, Encoding.FN: 1, Encoding.FNUZ: 2, Encoding.FINITE: 3}
+_MODE = {m: int(round_code(m)) for m in RoundMode}
+"""RoundMode -> the kernels' MODE code (:class:`fpsim.kernels._codes.Round`), as ints."""
 
 
 @dataclass(frozen=True)
@@ -218,7 +211,9 @@ def _run_encode(x, fmt, rounding, saturate, subnormals, random_bits, seed, nbits
     fmt, mode = element_format(fmt), RoundMode.parse(rounding)
     if not isinstance(x, torch.Tensor):
         raise TypeError(f"encode: x must be a torch tensor, got {type(x).__name__}")
-    src = {torch.float32: 0, torch.float16: 1, torch.bfloat16: 2}.get(x.dtype)
+    src = {torch.float32: Source.FLOAT32, torch.float16: Source.FLOAT16, torch.bfloat16: Source.BFLOAT16}.get(
+        x.dtype
+    )
     if src is None:
         raise TypeError(
             f"encode: x must be float32, float16 or bfloat16, got {x.dtype} "
@@ -227,8 +222,8 @@ def _run_encode(x, fmt, rounding, saturate, subnormals, random_bits, seed, nbits
     if not isinstance(launch, Launch):
         raise TypeError(f"encode: launch must be a Launch, got {type(launch).__name__}")
     x = x.contiguous()
-    xv = x.view(torch.int32 if src == 0 else torch.int16)
-    rand, rand_kind, seed_arg = xv, 0, 0
+    xv = x.view(torch.int32 if src is Source.FLOAT32 else torch.int16)
+    rand, rand_kind, seed_arg = xv, Random.NONE, 0
     if mode is RoundMode.STOCHASTIC:
         if not 1 <= nbits <= 32:
             raise ValueError(f"stochastic_bits must be in [1, 32], got {nbits}")
@@ -261,8 +256,8 @@ def _run_encode(x, fmt, rounding, saturate, subnormals, random_bits, seed, nbits
         _i32(seed_arg >> 32),
         **ert,
         **drt,
-        SRC=src,
-        RAND=rand_kind,
+        SRC=int(src),
+        RAND=int(rand_kind),
         QUANT=quant,
         BLOCK=block,
         I64=n + block >= 2**31,
@@ -274,8 +269,9 @@ def _run_encode(x, fmt, rounding, saturate, subnormals, random_bits, seed, nbits
 
 
 def _stochastic_source(torch, x, xv, random_bits, seed):
-    """(random-words tensor, RAND constexpr, seed) for stochastic rounding; ``xv`` (the
-    input's integer view) stands in for the unused pointer in seed mode."""
+    """(random-words tensor, :class:`~fpsim.kernels._codes.Random` source, seed) for
+    stochastic rounding; ``xv`` (the input's integer view) stands in for the unused pointer
+    in seed mode."""
     if random_bits is not None and seed is not None:
         raise ValueError("stochastic rounding takes random_bits= or seed=, not both")
     if seed is not None:
@@ -283,7 +279,7 @@ def _stochastic_source(torch, x, xv, random_bits, seed):
             raise TypeError(f"seed must be an int, got {type(seed).__name__}")
         if not -(1 << 63) <= seed < (1 << 64):
             raise ValueError(f"seed must be in [-2**63, 2**64), got {seed}")
-        return xv, 2, seed
+        return xv, Random.PHILOX, seed
     if random_bits is None:
         raise ValueError(
             "stochastic rounding needs random_bits= (uint32 words of x's shape) or seed= (an int)"
@@ -303,7 +299,7 @@ def _stochastic_source(torch, x, xv, random_bits, seed):
         raise ValueError(f"random_bits has shape {tuple(random_bits.shape)}; x has {tuple(x.shape)}")
     if random_bits.device != x.device:
         raise ValueError(f"random_bits is on {random_bits.device}; x is on {x.device}")
-    return random_bits.contiguous().view(torch.int32), 1, 0
+    return random_bits.contiguous().view(torch.int32), Random.LOADED, 0
 
 
 def _launch(n: int, device: Any, launch: Launch) -> tuple[int, tuple[int], dict]:
@@ -317,7 +313,7 @@ def _launch(n: int, device: Any, launch: Launch) -> tuple[int, tuple[int], dict]
     else:
         block = 2048
     grid = ((n + block - 1) // block,)
-    # no floating-point math is compiled here, but fix fma contraction off anyway (Kernels)
+    # no floating-point math is compiled here, but fix fma contraction off anyway
     return block, grid, ({} if interp else {"num_warps": launch.num_warps, "enable_fp_fusion": False})
 
 
@@ -344,8 +340,8 @@ def _encode_args(
     rt.update(nbits=nbits, rmask=_i32((1 << nbits) - 1), mant_one=1, ibits=8, imask=255)
     ce: dict[str, Any] = {
         "IS_INT": isinstance(fmt, IntFormat),
-        "MODE": _MODE[mode],
-        "ENC": 0,
+        "MODE": int(round_code(mode)),
+        "ENC": int(Enc.IEEE),
         "SIGNED": False,
         "HAS_ZERO": True,
         "EMIN_LOW": False,
@@ -362,16 +358,6 @@ def _encode_args(
         )
         return {k: _i32(v) for k, v in rt.items()}, ce
     m = fmt.mantissa_bits
-    if fmt.encoding is Encoding.FINITE:
-        ovf = 0
-    elif mode in (RoundMode.TOWARD_ZERO, RoundMode.ODD):
-        ovf = 4
-    elif mode is RoundMode.TOWARD_POSITIVE:
-        ovf = 1
-    elif mode is RoundMode.TOWARD_NEGATIVE:
-        ovf = 2
-    else:
-        ovf = 3
     rt.update(
         m=m,
         emin=fmt.min_exponent,
@@ -386,11 +372,11 @@ def _encode_args(
         sign_shift=fmt.exponent_bits + m,
     )
     ce.update(
-        ENC=_ENC[fmt.encoding],
+        ENC=int(enc_code(fmt.encoding)),
         SIGNED=fmt.signed,
         HAS_ZERO=fmt.has_zero,
         EMIN_LOW=fmt.min_exponent < -126,
-        OVF=ovf,
+        OVF=int(overflow_code(fmt, mode)),
     )
     return {k: _i32(v) for k, v in rt.items()}, ce
 
@@ -405,7 +391,7 @@ def _decode_args(fmt: AnyFormat | None) -> tuple[dict[str, int], dict[str, Any]]
     ce: dict[str, Any] = {
         "D_IS_INT": False,
         "D_BITS32": False,
-        "D_ENC": 0,
+        "D_ENC": int(Enc.IEEE),
         "D_SIGNED": False,
         "D_HAS_ZERO": True,
     }
@@ -427,5 +413,5 @@ def _decode_args(fmt: AnyFormat | None) -> tuple[dict[str, int], dict[str, Any]]
         d_mant_one=1 << m,
         d_top_field=(1 << e) - 1,
     )
-    ce.update(D_ENC=_ENC[fmt.encoding], D_HAS_ZERO=fmt.has_zero)
+    ce.update(D_ENC=int(enc_code(fmt.encoding)), D_HAS_ZERO=fmt.has_zero)
     return {k: _i32(v) for k, v in rt.items()}, ce

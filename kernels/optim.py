@@ -78,9 +78,10 @@ import fpsim
 from fpsim.formats import RECIPES, BlockFormat, Codebook, Format, IntFormat, RoundMode, ScaleRule, get_format
 from fpsim.optim import Adam, AdamW
 
+from ._codes import Decay, Enc, Overflow, Random, Source, StateKind, decay_code, state_kind
 from ._loader import is_interpreted, kernel_module, require_torch
 from ._loader import launch as _launch_kernel
-from .cast import _ENC, _encode_args, _i32, _stochastic_source
+from .cast import _encode_args, _i32, _stochastic_source
 
 __all__ = [
     "AdamStep",
@@ -315,12 +316,12 @@ def _bits32(v: float) -> int:
     return int(np.float32(v).view(np.int32))
 
 
-def _hyper(opt: Adam, lr: float, t: int) -> tuple[int, dict[str, int]]:
-    """DECAY constexpr and the float32 scalars (as int32 bits) of :meth:`fpsim.optim.Adam.scalars`."""
+def _hyper(opt: Adam, lr: float, t: int) -> tuple[Decay, dict[str, int]]:
+    """DECAY code and the float32 scalars (as int32 bits) of :meth:`fpsim.optim.Adam.scalars`."""
     sc = opt.scalars(lr, t)
     names = {"decay": sc.decay, "omb1": sc.omb1, "omb2": sc.omb2, "beta2": sc.b2}
     names |= {"neg_step": sc.neg_step, "bias2": sc.bc2, "eps": sc.eps}
-    return sc.mode, {k: _bits32(v) for k, v in names.items()}
+    return decay_code(opt.weight_decay, opt.decoupled), {k: _bits32(v) for k, v in names.items()}
 
 
 _STATE_KEYS = ["m", "emin", "code_max", "ftz_lim", "code_nan", "sign_shift", "fb", "ibits", "imask"]
@@ -328,26 +329,26 @@ _STATE_KEYS += ["max_int", "lo"]
 
 
 @functools.lru_cache(maxsize=64)
-def _state_consts(bf: BlockFormat | None) -> tuple[int, int, dict[str, int], np.ndarray, np.ndarray]:
+def _state_consts(bf: BlockFormat | None) -> tuple[StateKind, int, dict[str, int], np.ndarray, np.ndarray]:
     """(KIND, ENC, runtime int32 arguments, decode table, codebook midpoints) of a state."""
     table = np.zeros(256, _F32)
     mids = np.full(256, np.inf, _F32)
     rt = dict.fromkeys(_STATE_KEYS + ["eps_bits", "elem_max_bits"], 0)
     if bf is None:
-        return 0, 0, rt, table, mids
+        return state_kind(bf), int(Enc.IEEE), rt, table, mids
     el = bf.element
     if isinstance(el, Codebook):
         c = el.table
         table[: c.size] = c
         mids[: c.size - 1] = (c[:-1] + c[1:]) / _F32(2)  # as fpsim.emulate.blocks's bucket lookup
         rt.update(max_int=c.size - 1, eps_bits=_bits32(1e-38))
-        return 1, 0, rt, table, mids
+        return state_kind(bf), int(Enc.IEEE), rt, table, mids
     table[: 1 << el.bits] = fpsim.decode(np.arange(1 << el.bits, dtype=np.uint8), el)
     ftz = not getattr(el, "subnormals", True)
     ert, ece = _encode_args(el, RoundMode.NEAREST_EVEN, True, ftz, 32)
     rt.update({k: ert[k] for k in _STATE_KEYS})
     rt.update(eps_bits=_bits32(bf.eps), elem_max_bits=_bits32(bf.elem_max))
-    return (2 if isinstance(el, IntFormat) else 3), ece["ENC"], rt, table, mids
+    return state_kind(bf), ece["ENC"], rt, table, mids
 
 
 @functools.lru_cache(maxsize=64)
@@ -355,6 +356,11 @@ def _state_tables(bf: BlockFormat | None, device: str) -> tuple[Any, Any]:
     torch = require_torch()
     _, _, _, table, mids = _state_consts(bf)
     return torch.from_numpy(table).to(device), torch.from_numpy(mids).to(device)
+
+
+def _source(name: str) -> Source:
+    """The kernel's input code of a master format (bfloat16, float16 or float32)."""
+    return {"float32": Source.FLOAT32, "bfloat16": Source.BFLOAT16, "float16": Source.FLOAT16}[name]
 
 
 def _torch_dtype(torch: Any, fmt: Format) -> Any:
@@ -461,7 +467,11 @@ def adamw_step(
     pv = _p_view(torch, p, mfmt)
     if not isinstance(g, torch.Tensor):
         raise TypeError(f"g must be a torch tensor; got {type(g).__name__}")
-    g_src = {torch.float32: 0, torch.float16: 1, torch.bfloat16: 2}.get(g.dtype)
+    g_src = {
+        torch.float32: Source.FLOAT32,
+        torch.float16: Source.FLOAT16,
+        torch.bfloat16: Source.BFLOAT16,
+    }.get(g.dtype)
     if g_src is None:
         raise TypeError(f"g must be float32, float16 or bfloat16; got {g.dtype}")
     if tuple(g.shape) != tuple(p.shape) or g.device != p.device:
@@ -483,9 +493,9 @@ def adamw_step(
         ms = ms.contiguous() if ms is not None else None
         vs = vs.contiguous() if vs is not None else None
     g = g.contiguous()
-    gv = g.view(torch.int32 if g_src == 0 else torch.int16)
+    gv = g.view(torch.int32 if g_src is Source.FLOAT32 else torch.int16)
 
-    rand, rand_kind, seed_arg = pv, 0, 0
+    rand, rand_kind, seed_arg = pv, Random.NONE, 0
     if mode is RoundMode.STOCHASTIC:
         rand, rand_kind, seed_arg = _stochastic_source(torch, p, pv, random_bits, seed)
     elif random_bits is not None or seed is not None:
@@ -528,16 +538,16 @@ def adamw_step(
     )
     kwargs.update({"m_" + key: val for key, val in m_rt.items()})
     kwargs.update({"v_" + key: val for key, val in v_rt.items()})
-    assert pce["ENC"] == _ENC[mfmt.encoding] == 0 and pce["OVF"] == 3  # IEEE masters, overflow to inf
+    assert pce["ENC"] == Enc.IEEE and pce["OVF"] == Overflow.ALWAYS  # IEEE masters, overflow to inf
     kwargs.update(
-        DECAY=decay_kind,
-        P_SRC=0 if mfmt.bits == 32 else (2 if mfmt.name == "bfloat16" else 1),
-        G_SRC=g_src,
-        RAND=rand_kind,
+        DECAY=int(decay_kind),
+        P_SRC=int(_source(mfmt.name)),
+        G_SRC=int(g_src),
+        RAND=int(rand_kind),
         P_MODE=pce["MODE"],
-        M_KIND=m_kind,
+        M_KIND=int(m_kind),
         M_ENC=m_enc,
-        V_KIND=v_kind,
+        V_KIND=int(v_kind),
         V_ENC=v_enc,
         B=bsize,
         BP=bp,
