@@ -1,4 +1,5 @@
-"""Portable Triton block-quantization kernels (DESIGN.md, section Kernels).
+"""Portable Triton block-quantization kernels (README, "Triton kernels"); the RULE codes are
+:class:`fpsim.kernels._codes.Rule`.
 
 Ports :func:`fpsim.emulate.blocks.encode_blocks`: one program instance per block (a tile of up to
 ``BRP x BCP`` elements of a ``(P, R, C)`` view), amax by an integer max of the magnitude
@@ -23,6 +24,7 @@ import os
 import triton
 import triton.language as tl
 
+from ._codes import Rule
 from ._loader import kernel_module
 
 _P = kernel_module("_portable", os.environ.get("TRITON_INTERPRET") == "1")
@@ -31,8 +33,19 @@ _encode_int = _P._encode_int
 _decode = _P._decode
 _u32 = _P._u32
 
-# RULE constexpr: 0 TE, 1 ABSMAX, 2 MX_FLOOR, 3 MX_CEIL, 4 MX_EVEN, 5 MX_RCEIL, 6 NVFP4,
-# 7 codebook (bitsandbytes nearest entry).
+# The RULE codes (kernels/_codes.py Rule) and the cast codes, as tl.constexpr globals.
+_TE = tl.constexpr(int(Rule.TE))
+_ABSMAX = tl.constexpr(int(Rule.ABSMAX))
+_MX_FLOOR = tl.constexpr(int(Rule.MX_FLOOR))
+_MX_CEIL = tl.constexpr(int(Rule.MX_CEIL))
+_MX_EVEN = tl.constexpr(int(Rule.MX_EVEN))
+_MX_RCEIL = tl.constexpr(int(Rule.MX_RCEIL))
+_NVFP4 = tl.constexpr(int(Rule.NVFP4))
+_CODEBOOK = tl.constexpr(int(Rule.CODEBOOK))
+_NEAREST_EVEN = _P._NEAREST_EVEN
+_FN = _P._FN
+_OVF_ALWAYS = _P._OVF_ALWAYS
+_IEEE = _P._IEEE
 _FLT_MAX_BITS = tl.constexpr(0x7F7FFFFF)
 
 
@@ -133,6 +146,145 @@ def _cast(
     return code
 
 
+@triton.jit
+def _te_scaled(b, amax, eps_bits, elem_max_bits, POW2: tl.constexpr):
+    """Transformer Engine ``compute_scale_from_amax``: (bits of ``x * scale``, bits of the
+    stored ``1 / scale``)."""
+    one = tl.full((1, 1), 1.0, tl.float32)
+    eps = _f32(_u32(eps_bits))
+    a = tl.where(amax < eps, eps, amax)
+    abits = _bits(a)
+    bad = ((abits & 0x7FFFFFFF) >= 0x7F800000) | (abits == 0)
+    scale = tl.where(bad, one, tl.math.div_rn(_f32(_u32(elem_max_bits)) * one, tl.where(bad, one, a)))
+    sb = _bits(scale)
+    sb = tl.where(sb == 0x7F800000, _FLT_MAX_BITS, sb)
+    if POW2:
+        sb = sb & 0xFF800000
+    scale = _f32(sb)
+    return _bits(_f32(b) * scale), _bits(tl.math.div_rn(one, scale))
+
+
+@triton.jit
+def _absmax_scaled(b, amax, eps_bits, elem_max_bits):
+    """ABSMAX: ``s = max(amax, eps) / elem_max``; (bits of ``x / s``, bits of ``s``)."""
+    one = tl.full((1, 1), 1.0, tl.float32)
+    eps = _f32(_u32(eps_bits))
+    a = tl.where(amax < eps, eps, amax)
+    s = tl.math.div_rn(a, _f32(_u32(elem_max_bits)) * one)
+    return _bits(tl.math.div_rn(_f32(b), tl.where(s == 0, one, s))), _bits(s)
+
+
+@triton.jit
+def _nvfp4_scaled(b, amax, tamax_ptr, nbits, rm, s_fmt, d_fmt):
+    """NVFP4 (Transformer Engine core_nvfp4.cuh): (bits of ``x`` times the block's
+    encode factor, the block's float8_e4m3fn scale code). ``s_fmt`` / ``d_fmt``: the E4M3
+    scale format's encode and decode numbers (see ``blocks._kernel_args``)."""
+    s_m, s_emin, s_code_max, s_mant_one, s_code_nan, s_sign_shift = s_fmt
+    d_m, d_bias, d_emin, d_subn_mask, d_sign_mask, d_mag_mask, d_frac_mask, d_mant_one, d_top_field = d_fmt
+    one = tl.full((1, 1), 1.0, tl.float32)
+    flt_max = _f32(tl.full((1, 1), _FLT_MAX_BITS, tl.uint32))
+    at = _f32(tl.load(tamax_ptr).to(tl.uint32, bitcast=True)) * one
+    at_safe = tl.where(at == 0, one, at)
+    s_enc = tl.math.div_rn(2688.0 * one, at_safe)
+    s_enc = tl.where(s_enc > flt_max, flt_max, s_enc)
+    s_enc = tl.where((at == 0) | (s_enc == 0), one, s_enc)
+    s_dec = tl.math.div_rn(one, s_enc)
+    sixth = _f32(tl.full((1, 1), 0x3E2AAAAB, tl.uint32))  # f32(1/6)
+    sdb = amax * (s_enc * sixth)
+    sdb = tl.where(sdb > flt_max, flt_max, sdb)
+    zero = rm * 0
+    s8 = _encode_float(
+        _bits(sdb),
+        zero,
+        nbits,
+        rm,
+        s_m,
+        s_emin,
+        s_emin + 127,
+        23 - s_m,
+        _u32(s_code_max),
+        ~zero,
+        zero,
+        _u32(s_mant_one),
+        0,
+        _u32(s_code_nan),
+        _u32(s_sign_shift),
+        _NEAREST_EVEN,
+        _FN,
+        True,
+        True,
+        True,
+        _OVF_ALWAYS,
+    )
+    s8v = _f32(
+        _decode(
+            s8,
+            _u32(d_m),
+            d_bias,
+            d_emin,
+            _u32(d_subn_mask),
+            _u32(d_sign_mask),
+            _u32(d_mag_mask),
+            _u32(d_frac_mask),
+            _u32(d_mant_one),
+            _u32(d_top_field),
+            0,
+            8,
+            255,
+            False,
+            False,
+            _FN,
+            True,
+            True,
+        )
+    )
+    den = s8v * s_dec
+    c = tl.math.div_rn(one, tl.where(den == 0, one, den))
+    c = tl.where(den == 0, flt_max, c)
+    c = tl.where(s8v == 0, flt_max, tl.where(c > flt_max, flt_max, c))
+    return _bits(_f32(b) * c), s8
+
+
+@triton.jit
+def _codebook_codes(b, amax, mask, mid_ptr, eps_bits, max_int, NMID: tl.constexpr, NMID_LOG2: tl.constexpr):
+    """bitsandbytes: the index of the nearest entry of ``clip(x * f32(1 / max(amax, 1e-38)),
+    -1, 1)``, by binary search over the float32 midpoints (searchsorted left); NaN: the last."""
+    one = tl.full((1, 1), 1.0, tl.float32)
+    tiny = _f32(_u32(eps_bits)) * one  # f32(1e-38), from the host
+    a = tl.where(amax < tiny, tiny, amax)
+    xs = _f32(b) * tl.math.div_rn(one, a)
+    xs = tl.where(xs < -1.0, -1.0, tl.where(xs > 1.0, 1.0, xs))
+    q = (b * 0).to(tl.int32)
+    for step_log in tl.static_range(NMID_LOG2):
+        step = (NMID >> 1) >> step_log
+        below = tl.load(mid_ptr + (q + step - 1), mask=mask, other=0.0) < xs
+        q = q + tl.where(below, step, 0)
+    return tl.where(xs != xs, max_int, q)
+
+
+@triton.jit
+def _mx_scaled(b, amax, ab, inv_max_bits, even_inc, emax, RULE: tl.constexpr):
+    """MX: the block's shared exponent ``e`` by the rule; (the input bits, NaN for a NaN
+    scale, the E8M0 scale code, the exponent shift of the element cast)."""
+    if RULE == _MX_RCEIL:  # f32(amax * f32(1/elem_max)) rounded up to a power of two
+        d = _bits(amax * _f32(_u32(inv_max_bits)))
+        biased = (d >> 23).to(tl.int32)
+        mant = d & 0x7FFFFF
+        up = tl.where(biased == 0, mant > 0x400000, mant != 0)
+        e = biased + up.to(tl.int32) - 127
+    else:
+        ebits = ab
+        if RULE == _MX_EVEN:
+            ebits = (ab + _u32(even_inc)) & 0xFF800000
+        e = ((ebits >> 23) & 0xFF).to(tl.int32) - 127 - emax
+        if RULE == _MX_CEIL:
+            e = e + ((ebits & 0x7FFFFF) != 0).to(tl.int32)
+    nan = (ab >= 0x7F800000) | (e > 127)
+    e = tl.maximum(e, -127)
+    sc = tl.where(nan, 255, e + 127).to(tl.uint32)
+    return tl.where(nan, 0x7FC00000, b), sc, tl.where(nan, 0, e)
+
+
 _RT = ["nbits", "rmask", "m", "emin", "code_max", "inf_lim", "ftz_lim", "mant_one", "code_inf"]
 _RT += ["code_nan", "sign_shift", "fb", "ibits", "imask", "max_int", "lo", "clamp"]
 _RT += ["s_m", "s_emin", "s_code_max", "s_mant_one", "s_code_nan", "s_sign_shift"]
@@ -226,131 +378,41 @@ def block_kernel(
     else:
         r = b * 0
     rm = _u32(rmask)
-    one = tl.full((1, 1), 1.0, tl.float32)
-    flt_max = _f32(tl.full((1, 1), _FLT_MAX_BITS, tl.uint32))
-    if RULE >= 2 and RULE <= 5:  # MX: torch.amax propagates NaN
+    if RULE >= _MX_FLOOR and RULE <= _MX_RCEIL:  # MX: torch.amax propagates NaN
         ab = _amax_bits(b, mask, False).to(tl.uint32, bitcast=True)
-    elif RULE == 1:
+    elif RULE == _ABSMAX:
         ab = _amax_bits(b, mask, False).to(tl.uint32, bitcast=True)
-    elif TAMAX and RULE == 0:  # per-tensor: the amax of pass 1
+    elif TAMAX and RULE == _TE:  # per-tensor: the amax of pass 1
         ab = tl.load(tamax_ptr).to(tl.uint32, bitcast=True)
     else:  # TE, NVFP4, codebook: fmaxf skips NaN
         ab = _amax_bits(b, mask, True).to(tl.uint32, bitcast=True)
     amax = _f32(ab)
     shift = (b * 0).to(tl.int32)
-    v = b
-    if RULE == 0:  # Transformer Engine compute_scale_from_amax
-        eps = _f32(_u32(eps_bits))
-        a = tl.where(amax < eps, eps, amax)
-        abits = _bits(a)
-        bad = ((abits & 0x7FFFFFFF) >= 0x7F800000) | (abits == 0)
-        scale = tl.where(bad, one, tl.math.div_rn(_f32(_u32(elem_max_bits)) * one, tl.where(bad, one, a)))
-        sb = _bits(scale)
-        sb = tl.where(sb == 0x7F800000, _FLT_MAX_BITS, sb)
-        if POW2:
-            sb = sb & 0xFF800000
-        scale = _f32(sb)
-        v = _bits(_f32(b) * scale)
-        sc = _bits(tl.math.div_rn(one, scale))
-    elif RULE == 1:  # ABSMAX: s = max(amax, eps) / elem_max; x / s
-        eps = _f32(_u32(eps_bits))
-        a = tl.where(amax < eps, eps, amax)
-        s = tl.math.div_rn(a, _f32(_u32(elem_max_bits)) * one)
-        v = _bits(tl.math.div_rn(_f32(b), tl.where(s == 0, one, s)))
-        sc = _bits(s)
-    elif RULE == 6:  # NVFP4 (Transformer Engine core_nvfp4.cuh)
-        at = _f32(tl.load(tamax_ptr).to(tl.uint32, bitcast=True)) * one
-        at_safe = tl.where(at == 0, one, at)
-        s_enc = tl.math.div_rn(2688.0 * one, at_safe)
-        s_enc = tl.where(s_enc > flt_max, flt_max, s_enc)
-        s_enc = tl.where((at == 0) | (s_enc == 0), one, s_enc)
-        s_dec = tl.math.div_rn(one, s_enc)
-        sixth = _f32(tl.full((1, 1), 0x3E2AAAAB, tl.uint32))  # f32(1/6)
-        sdb = amax * (s_enc * sixth)
-        sdb = tl.where(sdb > flt_max, flt_max, sdb)
-        s8 = _encode_float(
-            _bits(sdb),
-            rm * 0,
-            nbits,
-            rm,
-            s_m,
-            s_emin,
-            s_emin + 127,
-            23 - s_m,
-            _u32(s_code_max),
-            ~(rm * 0),
-            rm * 0,
-            _u32(s_mant_one),
-            0,
-            _u32(s_code_nan),
-            _u32(s_sign_shift),
-            0,
-            1,
-            True,
-            True,
-            True,
-            3,
+    if RULE == _TE:
+        v, sc = _te_scaled(b, amax, eps_bits, elem_max_bits, POW2)
+    elif RULE == _ABSMAX:
+        v, sc = _absmax_scaled(b, amax, eps_bits, elem_max_bits)
+    elif RULE == _NVFP4:
+        s_fmt = (s_m, s_emin, s_code_max, s_mant_one, s_code_nan, s_sign_shift)
+        d_fmt = (
+            d_m,
+            d_bias,
+            d_emin,
+            d_subn_mask,
+            d_sign_mask,
+            d_mag_mask,
+            d_frac_mask,
+            d_mant_one,
+            d_top_field,
         )
-        s8v = _f32(
-            _decode(
-                s8,
-                _u32(d_m),
-                d_bias,
-                d_emin,
-                _u32(d_subn_mask),
-                _u32(d_sign_mask),
-                _u32(d_mag_mask),
-                _u32(d_frac_mask),
-                _u32(d_mant_one),
-                _u32(d_top_field),
-                0,
-                8,
-                255,
-                False,
-                False,
-                1,
-                True,
-                True,
-            )
-        )
-        den = s8v * s_dec
-        c = tl.math.div_rn(one, tl.where(den == 0, one, den))
-        c = tl.where(den == 0, flt_max, c)
-        c = tl.where(s8v == 0, flt_max, tl.where(c > flt_max, flt_max, c))
-        v = _bits(_f32(b) * c)
-        sc = s8
-    elif RULE == 7:  # bitsandbytes: v = clip(x * f32(1 / max(amax, 1e-38)), -1, 1)
-        tiny = _f32(_u32(eps_bits)) * one  # f32(1e-38), from the host
-        a = tl.where(amax < tiny, tiny, amax)
-        xs = _f32(b) * tl.math.div_rn(one, a)
-        xs = tl.where(xs < -1.0, -1.0, tl.where(xs > 1.0, 1.0, xs))
-        q = (b * 0).to(tl.int32)  # midpoints below xs (searchsorted left): binary search
-        for step_log in tl.static_range(NMID_LOG2):
-            step = (NMID >> 1) >> step_log
-            below = tl.load(mid_ptr + (q + step - 1), mask=mask, other=0.0) < xs
-            q = q + tl.where(below, step, 0)
-        q = tl.where(xs != xs, max_int, q)  # NaN: the last entry
+        v, sc = _nvfp4_scaled(b, amax, tamax_ptr, nbits, rm, s_fmt, d_fmt)
+    elif RULE == _CODEBOOK:
+        q = _codebook_codes(b, amax, mask, mid_ptr, eps_bits, max_int, NMID, NMID_LOG2)
         sc = ab
-    else:  # MX: shared exponent of the block
-        if RULE == 5:  # RCEIL: f32(amax * f32(1/elem_max)) rounded up to a power of two
-            d = _bits(amax * _f32(_u32(inv_max_bits)))
-            biased = (d >> 23).to(tl.int32)
-            mant = d & 0x7FFFFF
-            up = tl.where(biased == 0, mant > 0x400000, mant != 0)
-            e = biased + up.to(tl.int32) - 127
-        else:
-            ebits = ab
-            if RULE == 4:
-                ebits = (ab + _u32(even_inc)) & 0xFF800000
-            e = ((ebits >> 23) & 0xFF).to(tl.int32) - 127 - emax
-            if RULE == 3:
-                e = e + ((ebits & 0x7FFFFF) != 0).to(tl.int32)
-        nan = (ab >= 0x7F800000) | (e > 127)
-        e = tl.maximum(e, -127)
-        sc = tl.where(nan, 255, e + 127).to(tl.uint32)
-        shift = shift + tl.where(nan, 0, e)
-        v = tl.where(nan, 0x7FC00000, b)
-    if RULE == 7:
+    else:
+        v, sc, e = _mx_scaled(b, amax, ab, inv_max_bits, even_inc, emax, RULE)
+        shift = shift + e
+    if RULE == _CODEBOOK:
         code = q.to(tl.uint32)
     else:
         code = _cast(
