@@ -1,7 +1,8 @@
 """Triton kernels mirroring the emulator, imported as ``fpsim.kernels``.
 
 Every kernel here has an emulator twin with the same signature and is compared with it bit
-for bit (see DESIGN.md, section Kernels). The emulator never imports this package; torch and
+for bit (the README's "Architecture" and "Triton kernels" sections; the harness is
+:mod:`fpsim.kernels.validate`). The emulator never imports this package; torch and
 triton are imported lazily by the kernel modules themselves.
 
 Modules:
@@ -18,8 +19,13 @@ Modules:
         maxima exact; float64 sums within a stated bound).
     accumulate: :func:`fpsim.matmul` / :func:`fpsim.dot` with limited-precision accumulation, bit for bit.
     philox: numpy Philox4x32-10, the words of ``tl.randint`` for the emulator.
-    validate: the bit-exact validation harness, ``validate_all`` and the
-        ``fpsim validate-kernels`` command (``main``, ``add_parser``).
+    optim: the fused Adam / AdamW step with 8-bit or FP8 block states, bit-identical to one
+        tensor-step of :func:`fpsim.replay.replay` (numpy twin ``adamw_step_reference``).
+    validate: the bit-exact validation harness (a package): ``validate``, ``validate_all``
+        and the ``fpsim validate-kernels`` command (``main``, ``add_parser``).
+
+The integer codes of the kernels' constexpr arguments (rounding mode, encoding, scale rule,
+...) are the enums of ``_codes``, mapped from fpsim's enums there.
 
 Tensors on the CPU run in Triton's interpreter and tensors on a GPU run compiled kernels,
 whatever ``TRITON_INTERPRET`` says (``_loader``).

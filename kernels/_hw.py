@@ -15,8 +15,9 @@ pins those edges down itself, from the input's float32 bits, to the emulator's c
 * ``FTZ``: codes with exponent field 0 keep only their sign (flush after rounding).
 
 NaN codes are whatever the hardware gives: compare them by class. Triton's CPU interpreter
-implements these casts with numpy (exact for float16) or wrongly (float8, bfloat16; see
-REFERENCE.md), so only the float16 target is allowed there.
+implements these casts with numpy: exact for float16, wrong for float8 and bfloat16 (Triton
+3.9's interpreter does not round those conversions as the GPU does, so its codes differ from
+the emulator's and the GPU's), so only the float16 target is allowed there.
 
 Executed by :func:`fpsim.kernels._loader.kernel_module`; import it through there.
 """

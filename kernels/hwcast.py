@@ -7,9 +7,10 @@ of :func:`fpsim.emulate.element.encode` enforced around the instruction (see ``_
 result must equal the emulator's nearest-even codes; NaN codes are the hardware's (compare
 by class). Only round-to-nearest-even is offered: it is what ``.to()`` does.
 
-These casts are validated on a GPU only (DESIGN.md, section Kernels): Triton's CPU
-interpreter performs float8 and bfloat16 casts wrongly (REFERENCE.md), so on CPU tensors
-only the float16 target runs (its numpy cast is exact); the others raise
+These casts are validated on a GPU only (README, "Triton kernels"): Triton 3.9's CPU
+interpreter performs float8 and bfloat16 casts wrongly (it does not round them as the
+hardware does), so on CPU tensors only the float16 target runs (its numpy cast is exact);
+the others raise
 :class:`HardwareCastUnavailable`. :func:`unavailable_reason` says why a combination cannot
 run, for skipping.
 """
@@ -55,7 +56,7 @@ def unavailable_reason(
         return "hardware casts round to nearest even only"
     if is_interpreted(device) and f.name != "float16":
         return (
-            f"Triton's CPU interpreter casts to {f.name} wrongly (REFERENCE.md); "
+            f"Triton's CPU interpreter casts to {f.name} wrongly; "
             "the hardware path is validated on a GPU only"
         )
     if not is_interpreted(device):

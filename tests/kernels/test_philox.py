@@ -26,7 +26,7 @@ def test_known_answers(counter, key, want):
 
 
 def test_philox_bits_is_the_first_word_of_the_counter_index():
-    assert philox_bits(0, 1)[0] == 0x6627E8D5  # REFERENCE.md: seed 0, offset 0
+    assert philox_bits(0, 1)[0] == 0x6627E8D5  # the first word of the all-zero counter and key in KAT
     seed, idx = 0x1234_5678_9ABC, np.array([0, 1, 7, 2**32 - 1, 2**32, 2**32 + 5], np.uint64)
     words = [philox_bits(seed, 1, offset=int(i))[0] for i in idx]
     c0, c1 = (idx & 0xFFFFFFFF).astype(np.uint32), (idx >> np.uint64(32)).astype(np.uint32)
