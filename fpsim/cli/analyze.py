@@ -12,7 +12,7 @@ from typing import Any
 
 from ..formats import FORMATS, RECIPES, RoundMode
 from .distributed import add_dask_argument
-from .output import emit
+from .output import add_backend_argument, emit
 
 __all__ = ["add_parser", "run"]
 
@@ -60,6 +60,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     a.add_argument("--json", action="store_true", help="print the JSON summary instead of the table")
     a.add_argument("--no-swamping", action="store_true", help="skip the swamping estimate")
     a.add_argument("--quiet", action="store_true", help="no progress bar")
+    add_backend_argument(a)
     add_dask_argument(a)
     a.set_defaults(run=run)
     return a
@@ -83,6 +84,7 @@ def run(args: argparse.Namespace) -> int:
             roles=args.role or ["grad"],
             swamping=not args.no_swamping,
             progress=not args.quiet,
+            backend=args.backend,
         )
     paths = write_report(result, args.out)
     return emit(result.summary(), summary_text(result), paths, args.json)

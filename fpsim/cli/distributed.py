@@ -52,8 +52,8 @@ def add_dask_argument(parser: argparse.ArgumentParser) -> argparse.ArgumentParse
 def run_analyze(args: argparse.Namespace, formats: Sequence[Any]) -> Any:
     """Run the analysis an ``fpsim analyze`` command line asks for, on Dask.
 
-    Reads ``args.trace``, ``args.rounding``, ``args.role``, ``args.no_swamping`` and
-    ``args.quiet`` (the ``fpsim analyze`` options; missing ones take their defaults) and
+    Reads ``args.trace``, ``args.rounding``, ``args.role``, ``args.no_swamping``,
+    ``args.quiet`` and ``args.backend`` (the ``fpsim analyze`` options; missing ones take their defaults) and
     ``args.dask`` / ``args.workers`` from :func:`add_dask_argument`.
 
     Args:
@@ -81,4 +81,5 @@ def run_analyze(args: argparse.Namespace, formats: Sequence[Any]) -> Any:
         progress=not getattr(args, "quiet", False),
         scheduler=scheduler,
         n_workers=getattr(args, "workers", 2),
+        backend=getattr(args, "backend", "auto"),
     )

@@ -1,12 +1,16 @@
-"""What the report commands (``analyze``, ``replay``) print: the JSON summary, or the table and files."""
+"""What the report commands (``analyze``, ``replay``) share: ``--backend``, and what they print
+(the JSON summary, or the table and the files written)."""
 
 from __future__ import annotations
 
+import argparse
 import json
 from collections.abc import Mapping
 from typing import Any
 
-__all__ = ["emit"]
+from .._compiled import Backend
+
+__all__ = ["add_backend_argument", "emit"]
 
 
 def emit(summary: Mapping[str, Any], text: str, paths: Mapping[str, Any], as_json: bool) -> int:
@@ -24,3 +28,14 @@ def emit(summary: Mapping[str, Any], text: str, paths: Mapping[str, Any], as_jso
         print(text)
         print(f"\nwrote {', '.join(str(p) for p in paths.values())}")
     return 0
+
+
+def add_backend_argument(parser: argparse.ArgumentParser) -> None:
+    """Add ``--backend {auto,numpy,compiled}`` (where the hot loops run, :class:`fpsim.Backend`)."""
+    parser.add_argument(
+        "--backend",
+        choices=["auto", *(b.value for b in Backend)],
+        default="auto",
+        help="where the hot loops run: numpy, compiled (numba) or auto (default: compiled when "
+        "numba is installed)",
+    )

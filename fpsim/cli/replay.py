@@ -1,8 +1,9 @@
 """``fpsim replay [TRACE]``: replay a trace's gradients through low-precision optimizers vs FP32.
 
-Runs :func:`fpsim.replay.replay` on the preset configurations named by ``--config`` and a
-custom one built from ``--state``/``--master``/``--master-rounding``/``--kahan``/``--grad``/
-``--loss-scale``, and writes the report of :func:`fpsim.report.replay.write_replay_report`.
+Runs :func:`fpsim.replay.replay` (on the ``--backend`` chosen) on the preset configurations
+named by ``--config`` and a custom one built from ``--state``/``--master``/
+``--master-rounding``/``--kahan``/``--grad``/``--loss-scale``, and writes the report of
+:func:`fpsim.report.replay.write_replay_report`.
 """
 
 from __future__ import annotations
@@ -10,7 +11,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from .output import emit
+from .output import add_backend_argument, emit
 
 __all__ = ["DEFAULT_CONFIGS", "add_parser", "run"]
 
@@ -28,7 +29,7 @@ _STATE_KEYS = ("m", "v", "momentum")
 
 
 def _replay_presets() -> list[str]:
-    from ..replay.engine import PRESETS
+    from ..replay import PRESETS
 
     return list(PRESETS)
 
@@ -60,6 +61,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     r.add_argument("--out", default="fpsim-replay", help="output folder (default: fpsim-replay)")
     r.add_argument("--json", action="store_true", help="print the JSON summary instead of the table")
     r.add_argument("--quiet", action="store_true", help="no progress bar")
+    add_backend_argument(r)
     r.set_defaults(run=run)
     return r
 
@@ -71,21 +73,29 @@ def run(args: argparse.Namespace) -> int:
         ValueError: a bad ``--state`` or an unknown ``--config``.
     """
     from ..optim import get_optimizer
-    from ..replay.engine import replay
+    from ..replay import replay
     from ..report.replay import replay_text, write_replay_report
 
     configs = _configs(args)
     kwargs = {"weight_decay": args.weight_decay} if args.weight_decay is not None else {}
     opt = get_optimizer(args.optimizer, **kwargs)
     steps = _steps(args.steps) if args.steps else None
-    result = replay(args.trace, configs, optimizer=opt, lr=args.lr, steps=steps, progress=not args.quiet)
+    result = replay(
+        args.trace,
+        configs,
+        optimizer=opt,
+        lr=args.lr,
+        steps=steps,
+        progress=not args.quiet,
+        backend=args.backend,
+    )
     paths = write_replay_report(result, args.out)
     return emit(result.summary(), replay_text(result), paths, args.json)
 
 
 def _configs(args: argparse.Namespace) -> list[Any]:
     """The presets of ``--config``, then the custom configuration if any option asks for one."""
-    from ..replay.engine import PRESETS, ReplayConfig
+    from ..replay import PRESETS, ReplayConfig
 
     configs: list[Any] = list(args.config or [])
     custom = _custom_fields(args)
@@ -101,7 +111,7 @@ def _configs(args: argparse.Namespace) -> list[Any]:
 
 def _custom_fields(args: argparse.Namespace) -> dict[str, Any]:
     """The fields of the custom :class:`~fpsim.replay.engine.ReplayConfig` the options set."""
-    from ..replay.lossscale import LossScaler
+    from ..replay import LossScaler
 
     custom: dict[str, Any] = {}
     for item in args.state or []:

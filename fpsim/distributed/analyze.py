@@ -43,6 +43,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
+from .._compiled import Backend
 from ..analysis.metrics import Partial, SwampPartial
 from ..analysis.run import DEFAULT_FORMATS, Analysis
 from ..formats import BlockFormat, Format, IntFormat, RoundMode
@@ -76,6 +77,7 @@ def analyze_distributed(
     memory_limit: str | int | float | None = None,
     storage_options: Mapping[str, Any] | None = None,
     progress: bool = True,
+    backend: Backend | str = "auto",
 ) -> Analysis:
     """:func:`fpsim.analysis.run.analyze` on a Dask cluster, with exactly the same result.
 
@@ -103,6 +105,9 @@ def analyze_distributed(
         storage_options: fsspec options for remote URLs (credentials, endpoint, ...),
             used on the client and on the workers.
         progress: show a progress bar (tqdm.auto).
+        backend: where the workers' hot loops run, ``"auto"``, ``"numpy"`` or ``"compiled"``
+            (:meth:`fpsim.Backend.resolve`, resolved here, on the client); the same result
+            on each.
 
     Returns:
         The :class:`~fpsim.analysis.run.Analysis` ``analyze`` returns for the same arguments.
@@ -111,13 +116,14 @@ def analyze_distributed(
         fpsim.trace.TraceError: a missing, truncated or inconsistent trace file (also when a
             worker finds it), naming the file.
         TypeError: a non-float tensor, naming its file and key; a bad ``scheduler``.
-        ValueError: no formats, no tensors selected, a bad ``n_workers``.
+        ValueError: no formats, no tensors selected, a bad ``n_workers`` or ``backend``.
         ImportError: dask.distributed is not installed.
     """
+    backend = Backend.resolve(backend)
     plan = plan_analysis(trace, formats, roundings, roles, steps, swamping, seed, storage_options or {})
     client, close = connect(scheduler, n_workers, threads_per_worker, memory_limit)
     try:
-        acc, sacc = _Execution(client, plan, progress).run()
+        acc, sacc = _Execution(client, plan, backend, progress).run()
     finally:
         close()
     return plan.assemble(acc, sacc)
@@ -126,10 +132,10 @@ def analyze_distributed(
 class _Execution:
     """One run of a plan: batches submitted in a bounded window, partials merged as they arrive."""
 
-    def __init__(self, client: Client, plan: AnalysisPlan, progress: bool):
+    def __init__(self, client: Client, plan: AnalysisPlan, backend: Backend, progress: bool):
         from tqdm.auto import tqdm
 
-        self.client, self.plan = client, plan
+        self.client, self.plan, self.backend = client, plan, backend
         self.acc: dict[tuple[int, int], Partial] = {}
         self.sacc: dict[tuple[int, int], SwampPartial] = {}
         self.window = max(8, 4 * total_threads(client))
@@ -176,7 +182,9 @@ class _Execution:
     def _submit(self, tasks: list[ChunkTask], amaxes: list[Any]) -> None:
         plan = self.plan
         opts = plan.index.storage_options
-        fut = self.client.submit(run_batch, tasks, plan.fmts, plan.modes, opts, *amaxes, pure=False)
+        fut = self.client.submit(
+            run_batch, tasks, plan.fmts, plan.modes, self.backend, opts, *amaxes, pure=False
+        )
         self.pending[fut] = tasks
         self.completed.add(fut)
         while len(self.pending) >= self.window:

@@ -17,13 +17,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from .._compiled import Backend
 from ..trace import Trace, as_trace
 from .client import as_completed, connect, total_threads
 
 if TYPE_CHECKING:  # pragma: no cover
     from distributed import Client
 
-    from ..replay.engine import ReplayConfig, ReplayResult
+    from ..replay import ReplayConfig, ReplayResult
 
 __all__ = ["replay_distributed", "tensor_groups"]
 
@@ -41,6 +42,7 @@ def replay_distributed(
     threads_per_worker: int = 1,
     memory_limit: str | int | float | None = None,
     progress: bool = True,
+    backend: Backend | str = "auto",
 ) -> Any:
     """:func:`fpsim.replay.engine.replay` on a Dask cluster, split by tensor, with exactly the same result.
 
@@ -57,12 +59,16 @@ def replay_distributed(
         scheduler, n_workers, threads_per_worker, memory_limit: as for
             :func:`~fpsim.distributed.analyze.analyze_distributed`.
         progress: show a progress bar over the parts.
+        backend: where the workers' hot loops run (:meth:`fpsim.Backend.resolve`, resolved
+            here, on the client), as for :func:`~fpsim.replay.engine.replay`.
 
     Returns:
         The :class:`~fpsim.replay.engine.ReplayResult` ``replay`` returns for the same arguments.
     """
+    backend = Backend.resolve(backend)
     job = _job(as_trace(trace), configs, steps)
     kw = {"optimizer": optimizer, "lr": lr, "steps": job.steps, "seed": seed, "threads": threads_per_worker}
+    kw["backend"] = backend
     client, close = connect(scheduler, n_workers, threads_per_worker, memory_limit)
     try:
         done = _run_parts(client, job, kw, progress)
@@ -75,7 +81,7 @@ def _replay_part(
     path: str, names: Sequence[str] | None, configs: Sequence[Any], kw: Mapping[str, Any]
 ) -> Any:
     """Replay ``configs`` on the tensors ``names`` of the trace at ``path`` (runs on a worker)."""
-    from ..replay.engine import replay
+    from ..replay import replay
     from ..trace import open_trace
 
     return replay(open_trace(path), configs, tensors=names, progress=False, **kw)
@@ -110,7 +116,7 @@ class _Job:
 
     def assemble(self, done: list[_Part]) -> ReplayResult:
         """The result ``replay`` gives, from the replayed parts (keys in its order)."""
-        from ..replay.engine import ReplayResult
+        from ..replay import ReplayResult
 
         names, cfgs = self.names, self.configs
         by: dict[tuple[str, str], Any] = {}  # (tensor, config) -> the part that replayed it
@@ -136,7 +142,7 @@ class _Job:
 
 def _job(tr: Trace, configs: Sequence[Any] | None, steps: Iterable[int] | None) -> _Job:
     """Resolve the configurations and steps as :func:`~fpsim.replay.engine.replay` does."""
-    from ..replay.engine import PRESETS, ReplayConfig, replay
+    from ..replay import PRESETS, ReplayConfig, replay
 
     if configs is None:
         configs = inspect.signature(replay).parameters["configs"].default

@@ -13,6 +13,7 @@ from typing import Any
 
 import numpy as np
 
+from .._compiled import Backend
 from ..analysis.metrics import (
     CHUNK,
     Partial,
@@ -38,6 +39,7 @@ def run_batch(
     tasks: Sequence[ChunkTask],
     fmts: Sequence[Any],
     modes: Sequence[RoundMode],
+    backend: Backend,
     storage_options: Mapping[str, Any],
     *amaxes: float,
 ) -> list[tuple[list[Partial], list[SwampPartial]]]:
@@ -47,6 +49,7 @@ def run_batch(
         tasks: the chunks and what to measure on each.
         fmts: the run's formats, indexed by the tasks' jobs.
         modes: the run's rounding modes, indexed by the tasks' jobs.
+        backend: where the measurements' hot loops run (the same partials on each).
         storage_options: fsspec options for the trace's URLs.
         *amaxes: the reduced tensor amaxes the tasks' ``amax`` indices point at.
     """
@@ -54,7 +57,7 @@ def run_batch(
     with RangeReader(storage_options) as rd:
         for task in tasks:
             x = rd.read(task.src, task.start, task.stop)
-            parts = _measure(task, x, fmts, modes, amaxes)
+            parts = _measure(task, x, fmts, modes, backend, amaxes)
             swamps: list[SwampPartial] = []
             if task.swamp is not None:
                 theta = rd.read(task.swamp.param, task.start, task.stop)
@@ -68,7 +71,12 @@ def run_batch(
 
 
 def _measure(
-    task: ChunkTask, x: np.ndarray, fmts: Sequence[Any], modes: Sequence[RoundMode], amaxes: Sequence[float]
+    task: ChunkTask,
+    x: np.ndarray,
+    fmts: Sequence[Any],
+    modes: Sequence[RoundMode],
+    backend: Backend,
+    amaxes: Sequence[float],
 ) -> list[Partial]:
     """The partials of ``task``'s (format, rounding) jobs on its chunk ``x``."""
     amax = None
@@ -79,9 +87,8 @@ def _measure(
         f, m = fmts[j // len(modes)], modes[j % len(modes)]
         view = chunk_view(x, task.src.entry.shape, 0, x.size, f)
         tamax = amax if needs_tensor_amax(f) else None
-        parts.append(
-            measure_chunk(view, f, m, offset=task.start, seed=task.seed, tensor_amax=tamax, with_hist=j == 0)
-        )
+        kw = {"offset": task.start, "seed": task.seed, "tensor_amax": tamax, "with_hist": j == 0}
+        parts.append(measure_chunk(view, f, m, backend=backend, **kw))
     return parts
 
 

@@ -85,7 +85,7 @@ def _analysis_figures(out: Path) -> list[Path]:
 
 def _replay_figure(out: Path) -> Path:
     from ..optim import Adam
-    from ..replay.engine import replay
+    from ..replay import replay
 
     res = replay(
         None,

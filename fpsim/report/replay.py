@@ -6,7 +6,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from ..replay.engine import ReplayResult, memory_table
+from ..replay import ReplayResult, memory_table
 
 __all__ = ["replay_text", "write_replay_report"]
 

@@ -1,4 +1,4 @@
-"""The command line: ``fpsim formats`` and the exhaustive check on a small range."""
+"""The command line: ``fpsim formats``, the exhaustive check on a small range, ``--backend``."""
 
 from __future__ import annotations
 
@@ -105,3 +105,35 @@ def test_exhaustive_rejects_bad_arguments(capsys):
     assert "invalid choice" in capsys.readouterr().err
     assert main(["exhaustive", "float16", "--start", "5", "--stop", "5", "--quiet"]) == 2
     assert "start < stop" in capsys.readouterr().err
+
+
+def test_analyze_backend_flag_gives_the_same_summary(capsys, tmp_path, monkeypatch):
+    """``--backend numpy`` and ``--backend compiled`` reach analyze() and give the same summary."""
+    pytest.importorskip("numba")
+    import fpsim.analysis.run as run
+
+    seen = []
+    real = run.analyze
+    monkeypatch.setattr(run, "analyze", lambda *a, **kw: seen.append(kw["backend"]) or real(*a, **kw))
+    args = ["analyze", "--format", "float8_e4m3fn", "--recipe", "nvfp4", "--no-swamping", "--quiet", "--json"]
+    summaries = []
+    for backend in ("numpy", "compiled"):
+        assert main([*args, "--backend", backend, "--out", str(tmp_path / backend)]) == 0
+        summaries.append(json.loads(capsys.readouterr().out))
+    assert seen == ["numpy", "compiled"]
+    assert summaries[0] == summaries[1]
+
+
+def test_replay_backend_flag_reaches_replay(capsys, tmp_path, monkeypatch):
+    import fpsim.replay as replay_package
+
+    seen = []
+    real = replay_package.replay
+    spy = lambda *a, **kw: seen.append(kw["backend"]) or real(*a, **kw)  # noqa: E731
+    monkeypatch.setattr(replay_package, "replay", spy)
+    argv = ["replay", "--config", "bf16-master", "--steps", "190:192", "--quiet", "--json"]
+    assert main([*argv, "--backend", "numpy", "--out", str(tmp_path)]) == 0
+    assert seen == ["numpy"] and json.loads(capsys.readouterr().out)["results"][0]["config"] == "bf16-master"
+    with pytest.raises(SystemExit):
+        main(["replay", "--backend", "gpu"])
+    assert "invalid choice" in capsys.readouterr().err
