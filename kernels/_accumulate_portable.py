@@ -7,7 +7,8 @@ emulator's ``_reduce_tile``: chunks of ``promote_every`` addends, the chunk's fi
 rounded, every later one added with one rounding, optional Kahan / Neumaier compensation,
 then the chunk's value promoted into the second accumulator.
 
-Arithmetic (DESIGN.md, section Kernels):
+Arithmetic (the same exact-rounding argument as the :mod:`fpsim.accumulate` docstring's
+"Exactness of one rounded addition"):
 
 * Products ``a * b`` of two float32 values are formed in float64, where they are exact
   (48 significant bits, exponents far inside float64's range), as the emulator does. The
@@ -42,6 +43,9 @@ import os
 import triton
 import triton.language as tl
 
+from ._codes import Round
+from .accumulate import FORMAT_PARAMS, Comp, Words
+
 _INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"  # set by _loader.kernel_module
 
 # Helpers are @triton.jit functions for the compiler (which inlines them). For the
@@ -51,16 +55,26 @@ _INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"  # set by _loader.kernel_
 # under the kernel's own patches.
 _jit = (lambda fn: fn) if _INTERPRET else triton.jit
 
-# Rounding modes (MODE, PMODE, QMODE constexprs), as fpsim.kernels.cast._MODE:
-# 0 nearest_even, 1 nearest_away, 2 toward_zero, 3 toward_positive, 4 toward_negative,
-# 5 stochastic, 6 odd.
-# COMP: 0 none, 1 Kahan, 2 Neumaier. RAND (accumulator and promotion roundings): 0 none,
-# 1 words loaded from r_ptr, 2 SplitMix64 of (seed stream, index) as fpsim.emulate.random.random_bits_at.
-# QRAND (product roundings): 0 none, 2 SplitMix64.
+# The constexpr codes, as tl.constexpr globals for the compiler (which refuses other globals):
+# rounding modes MODE, PMODE, QMODE (fpsim.kernels._codes.Round); compensation COMP and the
+# random-word sources RAND, QRAND (fpsim.kernels.accumulate.Comp and Words).
+_NEAREST_EVEN = tl.constexpr(int(Round.NEAREST_EVEN))
+_NEAREST_AWAY = tl.constexpr(int(Round.NEAREST_AWAY))
+_TOWARD_ZERO = tl.constexpr(int(Round.TOWARD_ZERO))
+_TOWARD_POSITIVE = tl.constexpr(int(Round.TOWARD_POSITIVE))
+_TOWARD_NEGATIVE = tl.constexpr(int(Round.TOWARD_NEGATIVE))
+_STOCHASTIC = tl.constexpr(int(Round.STOCHASTIC))
+_ODD = tl.constexpr(int(Round.ODD))
+_COMP_NONE = tl.constexpr(int(Comp.NONE))
+_KAHAN = tl.constexpr(int(Comp.KAHAN))
+_NEUMAIER = tl.constexpr(int(Comp.NEUMAIER))
+_WORDS_LOADED = tl.constexpr(int(Words.LOADED))
+_WORDS_SPLITMIX64 = tl.constexpr(int(Words.SPLITMIX64))
 
-# Layout of the int64 parameter tensor: three formats (accumulator, product, promotion) of
-# _NF entries each, then the two SplitMix64 stream offsets (accumulator, products).
-_NF = tl.constexpr(10)
+# Layout of the int64 parameter tensor (fpsim.kernels.accumulate._params): three formats
+# (accumulator, product, promotion) of _NF entries each, then the two SplitMix64 stream
+# offsets (accumulator, products).
+_NF = tl.constexpr(FORMAT_PARAMS)
 _ABS = tl.constexpr(0x7FFFFFFFFFFFFFFF)
 _INF64 = tl.constexpr(0x7FF0000000000000)
 _NAN64 = tl.constexpr(0x7FF8000000000000)
@@ -114,12 +128,12 @@ def _format(par_ptr, which):
 @_jit
 def _word(r_ptr, j, n_out, o, mask, off, RAND: tl.constexpr):
     """Random word (uint64 < 2**32) of rounding ``j`` (int64) of outputs ``o`` (int64):
-    loaded (RAND 1) or SplitMix64 of ``j * n_out + o`` in the stream with offset ``off``
-    (RAND 2, :func:`fpsim.emulate.random.random_bits_at`)."""
+    loaded (``Words.LOADED``) or SplitMix64 of ``j * n_out + o`` in the stream with offset
+    ``off`` (``Words.SPLITMIX64``, :func:`fpsim.emulate.random.random_bits_at`)."""
     idx = j * n_out + o
-    if RAND == 1:
+    if RAND == _WORDS_LOADED:
         w = tl.load(r_ptr + idx, mask=mask, other=0).to(tl.uint32, bitcast=True).to(tl.uint64)
-    elif RAND == 2:
+    elif RAND == _WORDS_SPLITMIX64:
         z = idx.to(tl.uint64, bitcast=True) + off
         z = tl.mul(z ^ (z >> 30), 0xBF58476D1CE4E5B9, sanitize_overflow=False)
         z = tl.mul(z ^ (z >> 27), 0x94D049BB133111EB, sanitize_overflow=False)
@@ -137,21 +151,21 @@ def _round_sig(sig, d, neg, r, nbits, MODE: tl.constexpr):
     dc = tl.minimum(d, 54).to(tl.uint64)  # beyond 54 every bit of sig is discarded
     kept = sig >> dc
     rem = sig & ((one << dc) - 1)
-    if MODE == 2:
+    if MODE == _TOWARD_ZERO:
         res = kept
     else:
         inexact = rem != 0
-        if MODE == 6:
+        if MODE == _ODD:
             res = kept | inexact.to(tl.uint64)
         else:
-            if MODE == 3:
+            if MODE == _TOWARD_POSITIVE:
                 up = inexact & ~neg
-            elif MODE == 4:
+            elif MODE == _TOWARD_NEGATIVE:
                 up = inexact & neg
-            elif MODE == 0:
+            elif MODE == _NEAREST_EVEN:
                 half = (one << dc) >> 1
                 up = (rem > half) | ((rem == half) & inexact & ((kept & 1) != 0))
-            elif MODE == 1:
+            elif MODE == _NEAREST_AWAY:
                 half = (one << dc) >> 1
                 up = (rem >= half) & inexact
             else:  # stochastic: away iff floor(frac * 2**n) + R >= 2**n
@@ -196,11 +210,11 @@ def _encode_value(b, r, nbits, m, emin, code_max, ieee, finite, fnuz, ftz, MODE:
     is_inf = mag == _INF64
     is_nan = mag > _INF64
     over = (code > code_max) | is_inf
-    if MODE == 2 or MODE == 6:
+    if MODE == _TOWARD_ZERO or MODE == _ODD:
         to_inf = is_inf
-    elif MODE == 3:
+    elif MODE == _TOWARD_POSITIVE:
         to_inf = over & (~neg | is_inf)
-    elif MODE == 4:
+    elif MODE == _TOWARD_NEGATIVE:
         to_inf = over & (neg | is_inf)
     else:
         to_inf = over
@@ -226,7 +240,7 @@ def _encode_value(b, r, nbits, m, emin, code_max, ieee, finite, fnuz, ftz, MODE:
 @_jit
 def _rsum(u, v, r, nbits, F, MODE: tl.constexpr, EXACT: tl.constexpr):
     """``R(u + v)``, the exact sum rounded once into format ``F`` (see :func:`_format`):
-    fpsim.accumulate._Rounder.add; with EXACT, ``R(v)`` (``_Rounder.exact``; u unused).
+    fpsim.accumulate._accumulator._Rounder.add; with EXACT, ``R(v)`` (``_Rounder.exact``; u unused).
 
     TwoSum in the emulator's order gives ``s + err == u + v`` exactly; ``s`` becomes the
     round-to-odd value at 53 bits of that sum (a decrement when the exact value lies below
@@ -253,18 +267,18 @@ def _rsum(u, v, r, nbits, F, MODE: tl.constexpr, EXACT: tl.constexpr):
     slow = ((mag - F[2]) > F[3]) & ((mag | F[12]) != 0)
     d = F[9]
     keep = F[10]
-    if MODE == 0:
+    if MODE == _NEAREST_EVEN:
         fast = (b + ((b >> d) & 1) + (F[11] - 1)) & keep
-    elif MODE == 1:
+    elif MODE == _NEAREST_AWAY:
         fast = (b + F[11]) & keep
-    elif MODE == 2:
+    elif MODE == _TOWARD_ZERO:
         fast = b & keep
     else:
         rem = b & ~keep
         fast = b & keep
-        if MODE == 6:
+        if MODE == _ODD:
             fast = fast | ((rem != 0).to(tl.uint64) << d)
-        elif MODE == 5:  # up iff floor(f * 2**n) + R >= 2**n
+        elif MODE == _STOCHASTIC:  # up iff floor(f * 2**n) + R >= 2**n
             sh = 52 - F[0] - nbits
             top = tl.where(
                 sh >= 0,
@@ -276,7 +290,7 @@ def _rsum(u, v, r, nbits, F, MODE: tl.constexpr, EXACT: tl.constexpr):
             fast = fast + ((top >> nb) << d)
         else:
             neg = b > _ABS
-            if MODE == 4:
+            if MODE == _TOWARD_NEGATIVE:
                 up = (rem != 0) & neg
             else:
                 up = (rem != 0) & ~neg
@@ -285,7 +299,7 @@ def _rsum(u, v, r, nbits, F, MODE: tl.constexpr, EXACT: tl.constexpr):
         val = _encode_value(b, r, nbits, F[0], F[1], F[4], F[5], F[6], F[7], F[8], MODE)
         fast = tl.where(slow, val, fast)
     res = fast.to(tl.float64, bitcast=True)
-    if MODE == 4 and not EXACT:
+    if MODE == _TOWARD_NEGATIVE and not EXACT:
         both_pos = (u.to(tl.uint64, bitcast=True) == 0) & (v.to(tl.uint64, bitcast=True) == 0)
         res = tl.where((s == 0) & ~both_pos, -0.0, res)
     return res
@@ -376,9 +390,9 @@ def matmul_kernel(
     z64 = bi * 0  # int64 zero: loop counters are Python ints in the interpreter
 
     # roundings of a full chunk (the random-word numbering of fpsim.accumulate)
-    if COMP == 0:
+    if COMP == _COMP_NONE:
         per_chunk = chunk
-    elif COMP == 1:
+    elif COMP == _KAHAN:
         per_chunk = 1 + 4 * (chunk - 1)
     else:
         per_chunk = 2 + 4 * (chunk - 1)
@@ -398,17 +412,17 @@ def matmul_kernel(
             t = av[:, None] * bv  # exact
             if PROD:
                 w = w0
-                if QMODE == 5:
+                if QMODE == _STOCHASTIC:
                     w = _word(r_ptr, kk, n_out64, o, mask2, off_prod, QRAND)
                 t = _rsum(t, t, w, nbits, QF, QMODE, True)
             if k == c0:  # the chunk's first addend: s = R(t)
                 w = w0
-                if MODE == 5:
+                if MODE == _STOCHASTIC:
                     w = _word(r_ptr, j0, n_out64, o, mask2, off_acc, RAND)
                 acc = _rsum(t, t, w, nbits, AF, MODE, True)
-            elif COMP == 0:  # s = R(s + t)
+            elif COMP == _COMP_NONE:  # s = R(s + t)
                 w = w0
-                if MODE == 5:
+                if MODE == _STOCHASTIC:
                     w = _word(r_ptr, j0 + (kk - c0), n_out64, o, mask2, off_acc, RAND)
                 acc = _rsum(acc, t, w, nbits, AF, MODE, False)
             else:
@@ -417,12 +431,12 @@ def matmul_kernel(
                 r1 = w0
                 r2 = w0
                 r3 = w0
-                if MODE == 5:
+                if MODE == _STOCHASTIC:
                     r0 = _word(r_ptr, j, n_out64, o, mask2, off_acc, RAND)
                     r1 = _word(r_ptr, j + 1, n_out64, o, mask2, off_acc, RAND)
                     r2 = _word(r_ptr, j + 2, n_out64, o, mask2, off_acc, RAND)
                     r3 = _word(r_ptr, j + 3, n_out64, o, mask2, off_acc, RAND)
-                if COMP == 1:  # Kahan: y = R(t - c); u = R(s + y); c = R(R(u - s) - y); s = u
+                if COMP == _KAHAN:  # Kahan: y = R(t - c); u = R(s + y); c = R(R(u - s) - y); s = u
                     y = _rsum(t, -comp, r0, nbits, AF, MODE, False)
                     u = _rsum(acc, y, r1, nbits, AF, MODE, False)
                     z = _rsum(u, -acc, r2, nbits, AF, MODE, False)
@@ -436,19 +450,19 @@ def matmul_kernel(
                     comp = _rsum(comp, z, r3, nbits, AF, MODE, False)
                     acc = u
         m_c = c1 - c0
-        if COMP == 0:
+        if COMP == _COMP_NONE:
             j_end = j0 + m_c
         else:
             j_end = j0 + 1 + 4 * (m_c - 1)
-        if COMP == 2:  # the group's value R(s + c)
+        if COMP == _NEUMAIER:  # the group's value R(s + c)
             w = w0
-            if MODE == 5:
+            if MODE == _STOCHASTIC:
                 w = _word(r_ptr, j_end, n_out64, o, mask2, off_acc, RAND)
             acc = _rsum(acc, comp, w, nbits, AF, MODE, False)
             j_end = j_end + 1
         if PROMOTE:  # P = R'(c_0), then P = R'(P + c_j)
             w = w0
-            if PMODE == 5:
+            if PMODE == _STOCHASTIC:
                 w = _word(r_ptr, j_end, n_out64, o, mask2, off_acc, RAND)
             if c0 == 0:
                 total = _rsum(acc, acc, w, nbits, PF, PMODE, True)

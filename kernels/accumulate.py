@@ -58,25 +58,60 @@ Example::
 
 from __future__ import annotations
 
+import enum
 import math
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
-from fpsim.accumulate import accumulator_format, rounding_count
-from fpsim.formats import BlockFormat, Encoding, Format, RoundMode, get_format
+from fpsim.accumulate import rounding_count
+from fpsim.accumulate.spec import (
+    AccumulatorSpec,
+    Compensation,
+    Order,
+    Rounding,
+    SeedStream,
+    accumulator_format,
+)
+from fpsim.formats import BlockFormat, Encoding, Format, RoundMode
 
+from ._codes import round_code
 from ._loader import is_interpreted, kernel_module, require_torch
 from ._loader import launch as _launch_kernel
-from .cast import _MODE
 
 __all__ = ["Launch", "dot", "matmul"]
 
-_ORDERS = ("sequential", "pairwise", "blocked")
-_COMPENSATION = {False: 0, None: 0, True: 1, "kahan": 1, "neumaier": 2}
 _GOLDEN = 0x9E3779B97F4A7C15  # SplitMix64's seed multiplier (fpsim.emulate.random.random_bits_at)
-_NF = 10  # entries per format in the parameter tensor (_accumulate_portable._format)
+FORMAT_PARAMS = 10
+"""Entries per format in the kernel's int64 parameter tensor (:func:`_format_params`)."""
+
+
+class Comp(enum.IntEnum):
+    """Compensated summation in the kernel (constexpr ``COMP``; :class:`fpsim.accumulate.Compensation`)."""
+
+    NONE = 0
+    KAHAN = 1
+    NEUMAIER = 2
+
+
+class Words(enum.IntEnum):
+    """Source of the kernel's random words (constexprs ``RAND``, accumulator and promotion
+    roundings, and ``QRAND``, product roundings).
+
+    Attributes:
+        NONE: no stochastic rounding.
+        LOADED: uint32 words loaded from the ``random_bits`` tensor (``RAND`` only).
+        SPLITMIX64: SplitMix64 of (seed stream, index), as
+            :func:`fpsim.emulate.random.random_bits_at`, computed in the kernel.
+    """
+
+    NONE = 0
+    LOADED = 1
+    SPLITMIX64 = 2
+
+
+_COMP = {c: Comp[c.name] for c in Compensation}
 
 
 @dataclass(frozen=True)
@@ -96,17 +131,6 @@ class Launch:
 
 
 _DEFAULT = Launch()
-
-
-@dataclass(frozen=True)
-class _Settings:
-    acc: Format
-    mode: RoundMode
-    chunk: int | None
-    promote: Format | None
-    pmode: RoundMode
-    comp: int
-    nbits: int
 
 
 def matmul(a: Any, b: Any, **kwargs: Any) -> Any:
@@ -170,12 +194,12 @@ def _products(
     *,
     accumulator: str | Format | int = "float32",
     rounding: RoundMode | str = RoundMode.NEAREST_EVEN,
-    order: str = "sequential",
+    order: Order | str = Order.SEQUENTIAL,
     block: int | None = None,
     promote_every: int | None = None,
     promote_to: str | Format | int = "float32",
     promote_rounding: RoundMode | str = RoundMode.NEAREST_EVEN,
-    compensated: bool | str = False,
+    compensated: Compensation | bool | str = False,
     random_bits: Any = None,
     seed: int | None = None,
     stochastic_bits: int | None = None,
@@ -186,29 +210,65 @@ def _products(
     return_info: bool = False,
     launch: Launch = _DEFAULT,
 ) -> Any:
+    """The keywords resolved into the emulator's spec (its checks), then the kernel's limits."""
     torch = require_torch()
-    st = _settings(
-        accumulator,
-        rounding,
-        order,
-        promote_every,
-        promote_to,
-        promote_rounding,
-        compensated,
-        stochastic_bits,
+    spec = AccumulatorSpec.build(
+        accumulator=accumulator,
+        rounding=rounding,
+        order=order,
+        block=block,
+        promote_every=promote_every,
+        promote_to=promote_to,
+        promote_rounding=promote_rounding,
+        compensated=compensated,
+        stochastic_bits=stochastic_bits,
+        seed=seed,
+        input_format=input_format,
+        input_rounding=input_rounding,
+        product_format=product_format,
+        product_rounding=product_rounding,
     )
-    _no_info(return_info)
-    prod = _product(product_format, product_rounding, seed)
+    _supported(spec, return_info)
+    if not isinstance(launch, Launch):
+        raise TypeError(f"launch must be a Launch, got {type(launch).__name__}")
     a, b = _tensor(torch, a, "a"), _tensor(torch, b, "b")
-    _same_device(a, b)
-    fa, fb = _pair(input_format, "input_format")
-    ra, rb = _pair(input_rounding, "input_rounding")
-    if kind == "dot":
-        return _dot(torch, st, prod, a, b, fa, fb, ra, rb, random_bits, seed, launch)
-    return _matmul(torch, st, prod, a, b, fa, fb, ra, rb, random_bits, seed, launch)
+    if a.device != b.device:
+        raise ValueError(f"a is on {a.device} and b on {b.device}; both must be on one device")
+    problem = _dot(torch, spec, a, b) if kind == "dot" else _matmul(torch, spec, a, b)
+    out = _run(torch, spec, problem, random_bits, launch)
+    return problem.squeeze(out)
 
 
-def _matmul(torch, st, prod, a, b, fa, fb, ra, rb, random_bits, seed, launch):
+@dataclass(frozen=True)
+class _Problem:
+    """Contiguous float32 operands of ``nb`` (m, k) x (k, n) products and how to read them.
+
+    ``a`` is read at ``bi*sa_b + i*sa_m + k*sa_k``; ``b`` at ``bi*sb_b + k*sb_k + j*sb_n``
+    (dot: ``i*sb_m + k*sb_k`` with n == 1); ``squeezed`` says which 1-D operands of a
+    matmul were promoted.
+    """
+
+    a: Any
+    b: Any
+    nb: int
+    m: int
+    n: int
+    k: int
+    strides: tuple[int, int, int, int, int, int, int]  # sa_b, sa_m, sa_k, sb_b, sb_m, sb_k, sb_n
+    out_shape: tuple
+    is_dot: bool
+    squeezed: tuple[bool, bool] = (False, False)
+
+    def squeeze(self, out: Any) -> Any:
+        """The result without the axes of promoted 1-D operands (numpy.matmul's shapes)."""
+        if self.squeezed[1]:
+            out = out[..., 0]
+        if self.squeezed[0]:
+            out = out[..., 0, :] if not self.squeezed[1] else out[..., 0]
+        return out
+
+
+def _matmul(torch: Any, spec: AccumulatorSpec, a: Any, b: Any) -> _Problem:
     if a.ndim == 0 or b.ndim == 0:
         raise ValueError("matmul: operands must have at least one axis")
     squeeze = (a.ndim == 1, b.ndim == 1)
@@ -216,120 +276,62 @@ def _matmul(torch, st, prod, a, b, fa, fb, ra, rb, random_bits, seed, launch):
     b2 = b[:, None] if b.ndim == 1 else b
     if a2.shape[-1] != b2.shape[-2]:
         raise ValueError(f"matmul: K mismatch, a has shape {tuple(a.shape)} and b {tuple(b.shape)}")
-    a2 = _inputs(torch, a2, fa, ra, seed, 2, "a")
-    bt = _inputs(torch, b2.transpose(-1, -2), fb, rb, seed, 3, "b")  # (..., N, K), as the emulator
+    a2 = _inputs(torch, a2, spec.inputs[0], spec.stream(SeedStream.INPUT_A), "a")
+    bt = _inputs(
+        torch, b2.transpose(-1, -2), spec.inputs[1], spec.stream(SeedStream.INPUT_B), "b"
+    )  # (..., N, K)
     batch = tuple(torch.broadcast_shapes(a2.shape[:-2], bt.shape[:-2]))
     m, k = a2.shape[-2:]
     n = bt.shape[-2]
     nb = math.prod(batch)
     av = a2.expand(*batch, m, k).reshape(nb, m, k).contiguous()
     bv = bt.transpose(-1, -2).expand(*batch, k, n).reshape(nb, k, n).contiguous()
-    out_shape = (*batch, m, n)
-    strides = dict(sa_b=m * k, sa_m=k, sa_k=1, sb_b=k * n, sb_m=0, sb_k=n, sb_n=1)
-    out = _run(torch, st, prod, av, bv, nb, m, n, k, strides, out_shape, random_bits, seed, launch, False)
-    if squeeze[1]:
-        out = out[..., 0]
-    if squeeze[0]:
-        out = out[..., 0, :] if not squeeze[1] else out[..., 0]
-    return out
+    strides = (m * k, k, 1, k * n, 0, n, 1)
+    return _Problem(av, bv, nb, m, n, k, strides, (*batch, m, n), False, squeeze)
 
 
-def _dot(torch, st, prod, a, b, fa, fb, ra, rb, random_bits, seed, launch):
+def _dot(torch: Any, spec: AccumulatorSpec, a: Any, b: Any) -> _Problem:
     if a.ndim == 0 or b.ndim == 0 or a.shape[-1] != b.shape[-1]:
         raise ValueError(
             f"dot: a and b need the same last axis; got shapes {tuple(a.shape)} and {tuple(b.shape)}"
         )
-    a = _inputs(torch, a, fa, ra, seed, 2, "a")
-    b = _inputs(torch, b, fb, rb, seed, 3, "b")
+    a = _inputs(torch, a, spec.inputs[0], spec.stream(SeedStream.INPUT_A), "a")
+    b = _inputs(torch, b, spec.inputs[1], spec.stream(SeedStream.INPUT_B), "b")
     k = a.shape[-1]
     out_shape = tuple(torch.broadcast_shapes(a.shape[:-1], b.shape[:-1]))
     n_out = math.prod(out_shape)
     av = a.expand(*out_shape, k).reshape(n_out, k).contiguous()
     bv = b.expand(*out_shape, k).reshape(n_out, k).contiguous()
-    strides = dict(sa_b=0, sa_m=k, sa_k=1, sb_b=0, sb_m=k, sb_k=1, sb_n=0)
-    return _run(torch, st, prod, av, bv, 1, n_out, 1, k, strides, out_shape, random_bits, seed, launch, True)
+    return _Problem(av, bv, 1, n_out, 1, k, (0, k, 1, 0, k, 1, 0), out_shape, True)
 
 
 # --- arguments ------------------------------------------------------------------------------
 
 
-def _settings(
-    accumulator, rounding, order, promote_every, promote_to, promote_rounding, compensated, stochastic_bits
-) -> _Settings:
-    """The emulator's checks (fpsim.accumulate._spec), and what the kernel does not port."""
-    acc = accumulator_format(accumulator)
-    if promote_every is not None and (
-        isinstance(promote_every, bool)
-        or not isinstance(promote_every, (int, np.integer))
-        or promote_every < 1
-    ):
-        raise ValueError(f"promote_every must be None or an int >= 1; got {promote_every!r}")
-    promote = accumulator_format(promote_to) if promote_every is not None else None
-    grids = [acc] + ([promote] if promote else [])
-    cap = min(51 - f.mantissa_bits for f in grids)
-    nbits = min(32, cap) if stochastic_bits is None else int(stochastic_bits)
-    if not 1 <= nbits <= min(32, cap):
-        raise ValueError(
-            f"stochastic_bits must be in [1, {min(32, cap)}] for a {grids[-1].name} accumulator "
-            f"(at most 51 - mantissa_bits, see fpsim.accumulate); got {stochastic_bits}"
-        )
-    mode, pmode = RoundMode.parse(rounding), RoundMode.parse(promote_rounding)
-    if order not in _ORDERS:
-        raise ValueError(f"order must be one of {', '.join(_ORDERS)}; got {order!r}")
-    if order != "sequential":
+def _supported(spec: AccumulatorSpec, return_info: bool) -> None:
+    """Raise NotImplementedError for what the kernel does not port (the emulator does)."""
+    if spec.order is not Order.SEQUENTIAL:
         raise NotImplementedError(
-            f"order={order!r}: the accumulation kernel implements order='sequential' only; "
+            f"order={spec.order.value!r}: the accumulation kernel implements order='sequential' only; "
             "use fpsim.accumulate.matmul for the tree orders"
         )
-    try:
-        comp = _COMPENSATION[compensated]
-    except (KeyError, TypeError):
-        raise ValueError(
-            f"compensated must be False, True, 'kahan' or 'neumaier'; got {compensated!r}"
-        ) from None
-    chunk = None if promote_every is None else int(promote_every)
-    return _Settings(acc, mode, chunk, promote, pmode, comp, nbits)
-
-
-def _no_info(return_info: bool) -> None:
     if return_info:
         raise NotImplementedError(
             "return_info=True: the accumulation kernel does not count lost addends; "
             "use fpsim.accumulate.matmul for AccumulationInfo"
         )
-
-
-def _product(product_format: Any, product_rounding: Any, seed: int | None) -> tuple[Format, RoundMode] | None:
-    if product_format is None:
-        return None
-    fmt = get_format(product_format)
-    if isinstance(fmt, BlockFormat):
-        raise ValueError("product_format must be an element format, not a block recipe")
-    if not (isinstance(fmt, Format) and fmt.signed and fmt.has_zero):
+    p = spec.product
+    if p is not None and not (isinstance(p.format, Format) and p.format.signed and p.format.has_zero):
         raise NotImplementedError(
-            f"product_format={fmt.name}: the accumulation kernel rounds products to signed float "
+            f"product_format={p.format.name}: the accumulation kernel rounds products to signed float "
             "formats with a zero only (not integer, unsigned or E8M0 formats)"
         )
-    mode = RoundMode.parse(product_rounding)
-    if mode is RoundMode.STOCHASTIC:
-        _check_seed(seed, "stochastic product rounding needs seed=")
-    return fmt, mode
-
-
-def _check_seed(seed: Any, missing: str) -> int:
-    if seed is None:
-        raise ValueError(missing)
-    if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)):
-        raise TypeError(f"seed must be an int, got {type(seed).__name__}")
-    return int(seed)
-
-
-def _pair(value: Any, what: str) -> tuple:
-    if isinstance(value, tuple):
-        if len(value) != 2:
-            raise ValueError(f"{what}: a pair (for a, for b) or one value for both; got {value!r}")
-        return value
-    return value, value
+    for r in spec.inputs:
+        if r is not None and isinstance(r.format, BlockFormat):
+            raise NotImplementedError(
+                f"input_format={r.format.name}: block recipes are not supported by the accumulation kernel; "
+                "use fpsim.scaled_matmul (emulator) or quantize the inputs first"
+            )
 
 
 def _tensor(torch: Any, x: Any, name: str) -> Any:
@@ -341,33 +343,20 @@ def _tensor(torch: Any, x: Any, name: str) -> Any:
     return x.to(torch.float32)  # exact from 16 bits; float64 to nearest even, as numpy's astype
 
 
-def _same_device(a: Any, b: Any) -> None:
-    if a.device != b.device:
-        raise ValueError(f"a is on {a.device} and b on {b.device}; both must be on one device")
-
-
-def _inputs(torch: Any, x: Any, fmt: Any, rounding: Any, seed: int | None, stream: int, name: str) -> Any:
-    """float32 values of an input after ``input_format`` (fpsim.accumulate._inputs), by the
-    portable cast kernel; stochastic rounding draws the emulator's words of ``4 * seed + stream``."""
-    if fmt is None:
+def _inputs(torch: Any, x: Any, rounding: Rounding | None, stream: int | None, name: str) -> Any:
+    """float32 values of an input after ``input_format`` (fpsim.accumulate._operands.round_operand),
+    by the portable cast kernel; stochastic rounding draws the emulator's words of ``stream``."""
+    if rounding is None:
         return x
     from fpsim.kernels import cast
 
     from fpsim.emulate.random import random_bits_at
 
-    f = get_format(fmt)
-    if isinstance(f, BlockFormat):
-        raise NotImplementedError(
-            f"input_format={f.name}: block recipes are not supported by the accumulation kernel; "
-            "use fpsim.scaled_matmul (emulator) or quantize the inputs first"
-        )
-    mode = RoundMode.parse(rounding)
     kw: dict[str, Any] = {}
-    if mode is RoundMode.STOCHASTIC:
-        s = _check_seed(seed, f"{name}: stochastic input rounding needs seed=")
-        bits = random_bits_at(4 * s + stream, 0, x.numel()).reshape(tuple(x.shape))
+    if rounding.mode is RoundMode.STOCHASTIC:  # the spec checked that a seed is given
+        bits = random_bits_at(stream, 0, x.numel()).reshape(tuple(x.shape))
         kw = {"random_bits": torch.from_numpy(bits.view(np.int32)).to(x.device), "stochastic_bits": 32}
-    return cast.quantize(x.contiguous(), f, rounding=mode, **kw)
+    return cast.quantize(x.contiguous(), rounding.format, rounding=rounding.mode, **kw)
 
 
 def _format_params(fmt: Format | None) -> list[int]:
@@ -377,7 +366,7 @@ def _format_params(fmt: Format | None) -> list[int]:
     lo = int(np.float64(fmt.min_normal).view(np.int64))
     hi = int(np.float64(fmt.max).view(np.int64))
     m = fmt.mantissa_bits
-    return [
+    params = [
         m,
         fmt.min_exponent,
         lo,
@@ -387,13 +376,13 @@ def _format_params(fmt: Format | None) -> list[int]:
         int(fmt.encoding is Encoding.FINITE),
         int(fmt.encoding is Encoding.FNUZ),
         int(not fmt.subnormals and m > 0),
-        0,
     ]
+    return params + [0] * (FORMAT_PARAMS - len(params))
 
 
-def _offset(stream: int) -> int:
+def _offset(stream: int | None) -> int:
     """SplitMix64 offset of a seed stream as an int64 bit pattern (fpsim.emulate.random.random_bits_at)."""
-    v = (stream * _GOLDEN) % (1 << 64)
+    v = ((stream or 0) * _GOLDEN) % (1 << 64)
     return v - (1 << 64) if v >= (1 << 63) else v
 
 
@@ -433,60 +422,70 @@ def _tiles(interp: bool, m: int, n: int, is_dot: bool, launch: Launch) -> tuple[
     return bm, bn
 
 
-def _run(torch, st, prod, av, bv, nb, m, n, k, strides, out_shape, random_bits, seed, launch, is_dot):
-    """Launch the kernel on contiguous float32 operands; the float32 result of ``out_shape``."""
-    if not isinstance(launch, Launch):
-        raise TypeError(f"launch must be a Launch, got {type(launch).__name__}")
-    device = av.device
-    n_out = nb * m * n
-    count = rounding_count(k, promote_every=st.chunk, compensated=(False, "kahan", "neumaier")[st.comp])
-    stochastic = RoundMode.STOCHASTIC in (st.mode, st.pmode if st.promote else None)
-    rand = av.view(torch.int32)  # stands in for the unused pointer
-    rand_kind = 0
-    if stochastic and random_bits is not None:
-        rand, rand_kind = _random_words(torch, random_bits, (count, *out_shape), device), 1
-    elif stochastic:
-        _check_seed(seed, "stochastic rounding needs random_bits= or seed=")
-        rand_kind = 2
-    out = torch.zeros(out_shape, dtype=torch.float32, device=device)
-    if n_out == 0 or k == 0:
+def _words(torch: Any, spec: AccumulatorSpec, random_bits: Any, shape: tuple, device: Any, dummy: Any):
+    """The accumulator's random-word source and the tensor it loads (``dummy`` when unused)."""
+    if not spec.stochastic:
+        return Words.NONE, dummy
+    if random_bits is not None:
+        return Words.LOADED, _random_words(torch, random_bits, shape, device)
+    if spec.seed is None:
+        raise ValueError("stochastic rounding needs random_bits= or seed=")
+    return Words.SPLITMIX64, dummy
+
+
+def _params(torch: Any, spec: AccumulatorSpec, device: Any) -> Any:
+    """The int64 parameter tensor: three formats (accumulator, product, promotion) of
+    :data:`FORMAT_PARAMS` entries each, then the SplitMix64 offsets of the accumulator's and
+    the products' seed streams."""
+    params = _format_params(spec.accumulator) + _format_params(spec.product.format if spec.product else None)
+    params += _format_params(spec.promote_to)
+    params += [_offset(spec.stream(SeedStream.ACCUMULATOR)), _offset(spec.stream(SeedStream.PRODUCT))]
+    return torch.tensor(params, dtype=torch.int64, device=device)
+
+
+def _run(torch: Any, spec: AccumulatorSpec, pb: _Problem, random_bits: Any, launch: Launch) -> Any:
+    """Launch the kernel on the problem's operands; the float32 result of ``pb.out_shape``."""
+    device = pb.a.device
+    n_out = pb.nb * pb.m * pb.n
+    count = rounding_count(
+        pb.k, promote_every=spec.promote_every, compensated=spec.compensation, promoted=spec.promoted
+    )
+    dummy = pb.a.view(torch.int32)  # stands in for the unused pointer
+    rand_kind, rand = _words(torch, spec, random_bits, (count, *pb.out_shape), device, dummy)
+    out = torch.zeros(pb.out_shape, dtype=torch.float32, device=device)
+    if n_out == 0 or pb.k == 0:
         return out
-    qmode = prod[1] if prod else RoundMode.NEAREST_EVEN
-    qrand = 2 if qmode is RoundMode.STOCHASTIC else 0
-    s = _check_seed(seed, "") if rand_kind == 2 or qrand else 0  # seed streams 4 s and 4 s + 1
-    params = _format_params(st.acc) + _format_params(prod[0] if prod else None)
-    params += _format_params(st.promote) + [_offset(4 * s), _offset(4 * s + 1)]
-    par = torch.tensor(params, dtype=torch.int64, device=device)
+    qmode = spec.product.mode if spec.product else RoundMode.NEAREST_EVEN
     interp = is_interpreted(device)
-    bm, bn = _tiles(interp, m, n, is_dot, launch)
-    grid = (nb * -(-m // bm), -(-n // bn))
+    bm, bn = _tiles(interp, pb.m, pb.n, pb.is_dot, launch)
+    grid = (pb.nb * -(-pb.m // bm), -(-pb.n // bn))
     extra = {} if interp else {"num_warps": launch.num_warps, "enable_fp_fusion": False}
     with np.errstate(all="ignore"):  # the interpreter's numpy float64 ops on inf and NaN
         _launch_kernel(
             kernel_module("_accumulate_portable", interp).matmul_kernel,
             grid,
             interp,
-            av,
-            bv,
+            pb.a,
+            pb.b,
             out.view(torch.int32),
             rand,
-            par,
-            m,
-            n,
-            k,
-            st.chunk or k,
+            _params(torch, spec, device),
+            pb.m,
+            pb.n,
+            pb.k,
+            spec.promote_every or pb.k,
             n_out,
-            *(strides[x] for x in ("sa_b", "sa_m", "sa_k", "sb_b", "sb_m", "sb_k", "sb_n")),
-            st.nbits,
-            MODE=_MODE[st.mode],
-            PMODE=_MODE[st.pmode] if st.promote else 0,
-            QMODE=_MODE[qmode],
-            PROMOTE=st.promote is not None,
-            PROD=prod is not None,
-            COMP=st.comp,
-            RAND=rand_kind,
-            QRAND=qrand,
-            DOT=is_dot,
+            *pb.strides,
+            spec.stochastic_bits,
+            MODE=int(round_code(spec.rounding)),
+            PMODE=int(round_code(spec.promote_rounding)) if spec.promoted else 0,
+            QMODE=int(round_code(qmode)),
+            PROMOTE=spec.promoted,
+            PROD=spec.product is not None,
+            COMP=int(_COMP[spec.compensation]),
+            RAND=int(rand_kind),
+            QRAND=int(Words.SPLITMIX64 if qmode is RoundMode.STOCHASTIC else Words.NONE),
+            DOT=pb.is_dot,
             BM=bm,
             BN=bn,
             **extra,

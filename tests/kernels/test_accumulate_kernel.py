@@ -336,3 +336,18 @@ def test_kernel_compiles_for_sm90_without_fma(consts):
     ptx = _compile(consts).asm["ptx"]
     assert "add.rn.f64" in ptx or "add.f64" in ptx  # TwoSum in float64
     assert not re.search(r"\bfma\.rn\.f64\b", ptx)  # no product fused into a sum
+
+
+@pytest.mark.parametrize("comp", [True, "kahan", fpsim.accumulate.Compensation.NEUMAIER])
+def test_enums_and_names_are_accepted_alike(comp):
+    """The kernel resolves order and compensation as the emulator does (one spec)."""
+    a, b = _ties(FORMATS["bfloat16"], 21)
+    order = fpsim.accumulate.Order.SEQUENTIAL
+    _check(a, b, accumulator="bfloat16", order=order, compensated=comp, promote_every=5)
+    _check(a[0], b[:, 0], fn="dot", accumulator=12, order="sequential", compensated=comp)
+
+
+def test_kernel_codes_are_one_definition():
+    """The kernel's COMP codes cover every Compensation; RAND codes are distinct."""
+    assert set(ka._COMP) == set(fpsim.accumulate.Compensation)
+    assert len({int(w) for w in ka.Words}) == len(ka.Words)
