@@ -203,6 +203,20 @@ def test_imported_folders_npz_and_bare_safetensors_keys(client, tmp_path):
     assert len(got.swamping) == 2 * 2  # fc.weight has a parameter in each step
 
 
+@pytest.mark.parametrize("backend", ["numpy", "compiled"])
+def test_backend_reaches_the_workers_with_the_same_result(inproc_client, backend):
+    """``backend=`` is resolved on the client and the workers measure with it, bit for bit."""
+    if backend == "compiled":
+        pytest.importorskip("numba")
+    kw = dict(roundings=BOTH, steps=[190, 200], progress=False)
+    fmts = ["float8_e4m3fn", "nvfp4", "int8_block256"]
+    want = analyze(None, fmts, backend="numpy", **kw)
+    got = analyze_distributed(None, fmts, scheduler=inproc_client, backend=backend, **kw)
+    assert_same_analysis(got, want)
+    with pytest.raises(ValueError):
+        analyze_distributed(None, fmts, scheduler=inproc_client, backend="gpu", **kw)
+
+
 def test_remote_trace_folder_through_fsspec(inproc_client):
     """A trace folder on a non-local fsspec file system: manifest on the client, bytes on workers."""
     import fsspec
