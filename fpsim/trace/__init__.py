@@ -41,6 +41,11 @@ manifest the same way), so a crash leaves a valid trace of the completed steps.
 :func:`open_trace` also imports folders of ``.pt``/``.npz``/``.safetensors`` files and single
 files (see :mod:`fpsim.trace.importers`). :class:`TorchCapture` and :func:`capture_jax`
 record from training loops; importing this package imports neither torch nor jax.
+:func:`as_trace` is what every stage's entry point does with its ``trace`` argument (a
+:class:`Trace` as it is, None for the bundled sample, anything else through
+:func:`open_trace`). :mod:`fpsim.trace.remote` locates tensors and reads flat ranges of them
+from any fsspec file system (the Dask workers' reader); :mod:`fpsim.trace.jsonvalues` holds
+how non-finite floats are written to JSON (:func:`json_safe` for result summaries).
 
 Example:
     >>> from fpsim.trace import open_trace, sample_trace_path
