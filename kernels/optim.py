@@ -74,7 +74,8 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-import fpsim
+from fpsim.emulate import decode, encode
+from fpsim.emulate.blocks import BlockCodes
 from fpsim.formats import RECIPES, BlockFormat, Codebook, Format, IntFormat, RoundMode, ScaleRule, get_format
 from fpsim.optim import Adam, AdamW
 
@@ -259,10 +260,10 @@ def adamw_step_reference(
     elif random_bits is not None or seed is not None:
         raise ValueError("random_bits / seed are for rounding='stochastic' only")
     with np.errstate(all="ignore"):
-        p_f32, new = opt.step(fpsim.decode(p, mfmt), g, states, lr, t)
+        p_f32, new = opt.step(decode(p, mfmt), g, states, lr, t)
         m_new = _encode_state(new["exp_avg"], mrec)
         v_new = _encode_state(new["exp_avg_sq"], vrec)
-        p_new = fpsim.encode(p_f32, mfmt, **kw)
+        p_new = encode(p_f32, mfmt, **kw)
     return AdamStep(p_new, *m_new, *v_new)
 
 
@@ -284,13 +285,13 @@ def _decode_state(which: str, codes: Any, scales: Any, bf: BlockFormat | None, s
         raise ValueError(
             f"{which}_scales must be {nb} uint32 float32 bit patterns; got {scales.dtype} {scales.shape}"
         )
-    return fpsim.decode(fpsim.BlockCodes(codes, scales.reshape(nb)), bf)
+    return decode(BlockCodes(codes, scales.reshape(nb)), bf)
 
 
 def _encode_state(x: np.ndarray, bf: BlockFormat | None) -> tuple[np.ndarray, np.ndarray | None]:
     if bf is None:
         return x, None
-    enc = fpsim.encode(x, bf)
+    enc = encode(x, bf)
     return enc.codes, enc.scales
 
 
@@ -343,7 +344,7 @@ def _state_consts(bf: BlockFormat | None) -> tuple[StateKind, int, dict[str, int
         mids[: c.size - 1] = (c[:-1] + c[1:]) / _F32(2)  # as fpsim.emulate.blocks's bucket lookup
         rt.update(max_int=c.size - 1, eps_bits=_bits32(1e-38))
         return state_kind(bf), int(Enc.IEEE), rt, table, mids
-    table[: 1 << el.bits] = fpsim.decode(np.arange(1 << el.bits, dtype=np.uint8), el)
+    table[: 1 << el.bits] = decode(np.arange(1 << el.bits, dtype=np.uint8), el)
     ftz = not getattr(el, "subnormals", True)
     ert, ece = _encode_args(el, RoundMode.NEAREST_EVEN, True, ftz, 32)
     rt.update({k: ert[k] for k in _STATE_KEYS})

@@ -4,7 +4,7 @@ The loops are in :mod:`fpsim._compiled.loops`, which imports numba; this package
 imports nothing heavy, so ``import fpsim`` stays light. An entry point resolves its ``backend``
 argument once with :meth:`Backend.resolve` (the one caller of :func:`available`) and passes the
 member down; code that got :attr:`Backend.COMPILED` calls :func:`load` for the loops.
-:class:`StateKind` names the 8-bit state encodings the block loops take.
+:class:`StateKind` (from :mod:`.kinds`) names the 8-bit state encodings the block loops take.
 """
 
 from __future__ import annotations
@@ -15,6 +15,8 @@ from types import ModuleType
 from typing import Any
 
 import numpy as np
+
+from .kinds import StateKind
 
 __all__ = ["Backend", "StateKind", "available", "flat32", "load"]
 
@@ -60,23 +62,6 @@ class Backend(enum.Enum):
         if chosen is cls.COMPILED and not available():
             raise ImportError("the compiled backend needs numba: pip install 'fpsim[fast]'")
         return chosen
-
-
-class StateKind(enum.IntEnum):
-    """How the block loops of :mod:`fpsim._compiled.loops` store an 8-bit state (their ``kind``
-    argument is the member's int value): element codes with one float32 scale per block.
-
-    ``CODEBOOK``: a codebook rounded to the nearest entry (the bitsandbytes dynamic maps);
-    ``INT8_ABSMAX``: linear int8 with an absmax scale; ``E4M3_ABSMAX``: float8_e4m3fn with an
-    absmax scale; ``TE``: float8_e4m3fn with Transformer Engine's per-tensor current scaling;
-    ``TE_POW2``: the same with the scale rounded down to a power of two.
-    """
-
-    CODEBOOK = 0
-    INT8_ABSMAX = 1
-    E4M3_ABSMAX = 2
-    TE = 3
-    TE_POW2 = 4
 
 
 def load() -> ModuleType:

@@ -20,7 +20,7 @@ written the loops are compiled in memory on every run). All loops live in this o
 purpose: numba checks a cached function against the time stamp of the file that defines it
 only, so a loop calling a loop of another file could run stale cached code after an upgrade.
 The one thing read from elsewhere is the numbering of the 8-bit state encodings,
-:class:`fpsim._compiled.StateKind` (defined beside :class:`fpsim.Backend`, free of numba), as
+:class:`fpsim._compiled.kinds.StateKind` (free of numba), as
 plain integers frozen into the compiled code at compile time; those numbers are fixed for good
 (a new kind takes a new number, none is ever renumbered), so a cached loop always agrees with
 the enum.
@@ -40,7 +40,7 @@ from llvmlite import ir
 from numba import njit, types
 from numba.extending import intrinsic
 
-from . import StateKind
+from .kinds import StateKind
 
 # the StateKind numbers as plain integers (compile-time constants of the loops below)
 _CODEBOOK = int(StateKind.CODEBOOK)

@@ -37,6 +37,7 @@ from typing import Any
 
 import numpy as np
 
+from fpsim.emulate import decode, encode
 from fpsim.formats import RECIPES, BlockFormat, Codebook, Format, IntFormat, RoundMode, get_format
 from fpsim.optim import Adam, AdamW
 
@@ -108,9 +109,8 @@ def _ties(bf: BlockFormat, rng: np.random.Generator) -> np.ndarray:
 
 def _element_values(el: Any) -> np.ndarray:
     """Finite values of every code of an element format of at most 8 bits."""
-    import fpsim
 
-    v = fpsim.decode(np.arange(1 << el.bits, dtype=np.uint8), el)
+    v = decode(np.arange(1 << el.bits, dtype=np.uint8), el)
     return v[np.isfinite(v)]
 
 
@@ -231,11 +231,10 @@ def _describe(opts: dict[str, Any]) -> dict[str, Any]:
 
 
 def _initial_state(x: np.ndarray, recipe: Any) -> tuple[np.ndarray, np.ndarray | None]:
-    import fpsim
 
     if getattr(recipe, "name", recipe) == "float32":
         return x.copy(), None
-    enc = fpsim.encode(x, recipe)
+    enc = encode(x, recipe)
     return enc.codes, enc.scales
 
 
@@ -339,7 +338,6 @@ class _Step:
 
 def _run_problem(case: Case, st: _Step, pr: _Problem, k: int) -> None:
     """Every step of problem ``k``, kernel against twin, each from the twin's previous outputs."""
-    import fpsim
 
     from .. import optim as kernel  # looked up at the call: the tests replace adamw_step
 
@@ -347,7 +345,7 @@ def _run_problem(case: Case, st: _Step, pr: _Problem, k: int) -> None:
     opt = opts["optimizer"] if pr.betas is None else replace(opts["optimizer"], betas=pr.betas)
     kw0 = {"optimizer": opt, "m_recipe": opts["m"], "v_recipe": opts["v"]}
     kw0.update(master=opts["master"], rounding=st.rounding, lr=pr.lr)
-    p = fpsim.encode(pr.p0, opts["master"])
+    p = encode(pr.p0, opts["master"])
     state = [*_initial_state(np.zeros_like(pr.p0) if pr.m0 is None else pr.m0, opts["m"])]
     state += [*_initial_state(np.zeros_like(pr.p0) if pr.v0 is None else pr.v0, opts["v"])]
     outputs = _outputs(opts)

@@ -1,0 +1,24 @@
+"""The kinds of 8-bit state the block loops store (free of numba: the replay imports it)."""
+
+from __future__ import annotations
+
+import enum
+
+__all__ = ["StateKind"]
+
+
+class StateKind(enum.IntEnum):
+    """How the block loops of :mod:`fpsim._compiled.loops` store an 8-bit state (their ``kind``
+    argument is the member's int value): element codes with one float32 scale per block.
+
+    ``CODEBOOK``: a codebook rounded to the nearest entry (the bitsandbytes dynamic maps);
+    ``INT8_ABSMAX``: linear int8 with an absmax scale; ``E4M3_ABSMAX``: float8_e4m3fn with an
+    absmax scale; ``TE``: float8_e4m3fn with Transformer Engine's per-tensor current scaling;
+    ``TE_POW2``: the same with the scale rounded down to a power of two.
+    """
+
+    CODEBOOK = 0
+    INT8_ABSMAX = 1
+    E4M3_ABSMAX = 2
+    TE = 3
+    TE_POW2 = 4
