@@ -321,6 +321,96 @@ def _to_f32_bits(x):
     return (out | sign).to(tl.int32, bitcast=True)
 
 
+@_jit
+def _compensated_add(
+    acc,
+    comp,
+    t,
+    r_ptr,
+    j,
+    n_out,
+    o,
+    mask,
+    off,
+    nbits,
+    AF,
+    MODE: tl.constexpr,
+    COMP: tl.constexpr,
+    RAND: tl.constexpr,
+):
+    """One compensated step ``(s, c) <- (s, c) + t`` with the four roundings ``j .. j + 3``:
+    Kahan ``y = R(t - c); u = R(s + y); c = R(R(u - s) - y); s = u``, or Neumaier
+    ``u = R(s + t); c = R(c + R(R(big - u) + small)); s = u`` (the emulator's ``_push``)."""
+    r0 = (o * 0).to(tl.uint64, bitcast=True)
+    r1 = r0
+    r2 = r0
+    r3 = r0
+    if MODE == _STOCHASTIC:
+        r0 = _word(r_ptr, j, n_out, o, mask, off, RAND)
+        r1 = _word(r_ptr, j + 1, n_out, o, mask, off, RAND)
+        r2 = _word(r_ptr, j + 2, n_out, o, mask, off, RAND)
+        r3 = _word(r_ptr, j + 3, n_out, o, mask, off, RAND)
+    if COMP == _KAHAN:
+        y = _rsum(t, -comp, r0, nbits, AF, MODE, False)
+        u = _rsum(acc, y, r1, nbits, AF, MODE, False)
+        z = _rsum(u, -acc, r2, nbits, AF, MODE, False)
+        comp = _rsum(z, -y, r3, nbits, AF, MODE, False)
+    else:
+        u = _rsum(acc, t, r0, nbits, AF, MODE, False)
+        first = tl.abs(acc) >= tl.abs(t)
+        z = _rsum(tl.where(first, acc, t), -u, r1, nbits, AF, MODE, False)
+        z = _rsum(z, tl.where(first, t, acc), r2, nbits, AF, MODE, False)
+        comp = _rsum(comp, z, r3, nbits, AF, MODE, False)
+    return u, comp
+
+
+@_jit
+def _close_chunk(
+    acc,
+    comp,
+    total,
+    first_chunk,
+    m_c,
+    j0,
+    r_ptr,
+    n_out,
+    o,
+    mask,
+    off,
+    nbits,
+    AF,
+    PF,
+    MODE: tl.constexpr,
+    PMODE: tl.constexpr,
+    PROMOTE: tl.constexpr,
+    COMP: tl.constexpr,
+    RAND: tl.constexpr,
+):
+    """The end of a chunk of ``m_c`` addends whose roundings start at ``j0``: Neumaier's
+    value ``R(s + c)``, then the promotion ``P = R'(c_0)`` (first chunk) or ``P = R'(P + c_j)``.
+    Returns the chunk's value and the promoted total."""
+    w0 = (o * 0).to(tl.uint64, bitcast=True)
+    if COMP == _COMP_NONE:
+        j_end = j0 + m_c
+    else:
+        j_end = j0 + 1 + 4 * (m_c - 1)
+    if COMP == _NEUMAIER:
+        w = w0
+        if MODE == _STOCHASTIC:
+            w = _word(r_ptr, j_end, n_out, o, mask, off, RAND)
+        acc = _rsum(acc, comp, w, nbits, AF, MODE, False)
+        j_end = j_end + 1
+    if PROMOTE:
+        w = w0
+        if PMODE == _STOCHASTIC:
+            w = _word(r_ptr, j_end, n_out, o, mask, off, RAND)
+        if first_chunk:
+            total = _rsum(acc, acc, w, nbits, PF, PMODE, True)
+        else:
+            total = _rsum(total, acc, w, nbits, PF, PMODE, False)
+    return acc, total
+
+
 _RUNTIME = ["M", "N", "K", "chunk", "n_out", "sa_b", "sa_m", "sa_k", "sb_b", "sb_m", "sb_k", "sb_n", "nbits"]
 
 
@@ -427,47 +517,30 @@ def matmul_kernel(
                 acc = _rsum(acc, t, w, nbits, AF, MODE, False)
             else:
                 j = j0 + 1 + 4 * (kk - c0 - 1)
-                r0 = w0
-                r1 = w0
-                r2 = w0
-                r3 = w0
-                if MODE == _STOCHASTIC:
-                    r0 = _word(r_ptr, j, n_out64, o, mask2, off_acc, RAND)
-                    r1 = _word(r_ptr, j + 1, n_out64, o, mask2, off_acc, RAND)
-                    r2 = _word(r_ptr, j + 2, n_out64, o, mask2, off_acc, RAND)
-                    r3 = _word(r_ptr, j + 3, n_out64, o, mask2, off_acc, RAND)
-                if COMP == _KAHAN:  # Kahan: y = R(t - c); u = R(s + y); c = R(R(u - s) - y); s = u
-                    y = _rsum(t, -comp, r0, nbits, AF, MODE, False)
-                    u = _rsum(acc, y, r1, nbits, AF, MODE, False)
-                    z = _rsum(u, -acc, r2, nbits, AF, MODE, False)
-                    comp = _rsum(z, -y, r3, nbits, AF, MODE, False)
-                    acc = u
-                else:  # Neumaier: u = R(s + t); c = R(c + R(R(big - u) + small)); s = u
-                    u = _rsum(acc, t, r0, nbits, AF, MODE, False)
-                    first = tl.abs(acc) >= tl.abs(t)
-                    z = _rsum(tl.where(first, acc, t), -u, r1, nbits, AF, MODE, False)
-                    z = _rsum(z, tl.where(first, t, acc), r2, nbits, AF, MODE, False)
-                    comp = _rsum(comp, z, r3, nbits, AF, MODE, False)
-                    acc = u
-        m_c = c1 - c0
-        if COMP == _COMP_NONE:
-            j_end = j0 + m_c
-        else:
-            j_end = j0 + 1 + 4 * (m_c - 1)
-        if COMP == _NEUMAIER:  # the group's value R(s + c)
-            w = w0
-            if MODE == _STOCHASTIC:
-                w = _word(r_ptr, j_end, n_out64, o, mask2, off_acc, RAND)
-            acc = _rsum(acc, comp, w, nbits, AF, MODE, False)
-            j_end = j_end + 1
-        if PROMOTE:  # P = R'(c_0), then P = R'(P + c_j)
-            w = w0
-            if PMODE == _STOCHASTIC:
-                w = _word(r_ptr, j_end, n_out64, o, mask2, off_acc, RAND)
-            if c0 == 0:
-                total = _rsum(acc, acc, w, nbits, PF, PMODE, True)
-            else:
-                total = _rsum(total, acc, w, nbits, PF, PMODE, False)
+                acc, comp = _compensated_add(
+                    acc, comp, t, r_ptr, j, n_out64, o, mask2, off_acc, nbits, AF, MODE, COMP, RAND
+                )
+        acc, total = _close_chunk(
+            acc,
+            comp,
+            total,
+            c0 == 0,
+            c1 - c0,
+            j0,
+            r_ptr,
+            n_out64,
+            o,
+            mask2,
+            off_acc,
+            nbits,
+            AF,
+            PF,
+            MODE,
+            PMODE,
+            PROMOTE,
+            COMP,
+            RAND,
+        )
     if PROMOTE:
         res = total
     else:
