@@ -220,7 +220,7 @@ def _tensor_amax(mod: Any, xv: Any, interp: bool, extra: dict) -> Any:
 
 
 def _nvfp4_tensor_scale(amax_bits: int) -> float:
-    """``1 / S_enc`` as fpsim.emulate.blocks._nvfp4 computes it (host scalar, numpy float32)."""
+    """``1 / S_enc`` as fpsim.emulate.scale_rules computes it for NVFP4 (host scalar, numpy float32)."""
     f32 = np.float32
     amax_t = np.array([amax_bits], np.int32).view(f32)[0]
     with np.errstate(divide="ignore", over="ignore"):

@@ -77,7 +77,7 @@ import numpy as np
 from fpsim.emulate import decode, encode
 from fpsim.emulate.blocks import BlockCodes
 from fpsim.formats import RECIPES, BlockFormat, Codebook, Format, IntFormat, RoundMode, ScaleRule, get_format
-from fpsim.optim import Adam, AdamW
+from fpsim.optim import Adam, AdamW, Sqrt
 
 from ._codes import Decay, Enc, Overflow, Random, Source, StateKind, decay_code, state_kind
 from ._loader import is_interpreted, kernel_module, require_torch
@@ -173,6 +173,10 @@ def _optimizer(optimizer: Any) -> Adam:
     opt = AdamW() if optimizer is None else optimizer
     if not isinstance(opt, Adam):
         raise TypeError(f"optimizer must be fpsim.optim.Adam or fpsim.optim.AdamW; got {type(opt).__name__}")
+    if opt.sqrt is not Sqrt.IEEE:
+        raise ValueError(
+            f"the kernel takes the correctly rounded square root (sqrt='ieee'); got sqrt={opt.sqrt.value!r}"
+        )
     return opt
 
 

@@ -194,7 +194,7 @@ def absmax(x):
 
 @jit
 def codebook_tile(x, block, first, base, thr, table, codes, absmaxes, values):
-    # fpsim.emulate.blocks._codebook (nearest) on whole blocks x (block `first` onwards): absmax,
+    # fpsim.emulate.scale_rules.codebook_codes (nearest) on whole blocks x (block `first` onwards): absmax,
     # v = x * f32(1/max(a, 1e-38)), index = base[key] + (v > thr[key]) with key = the top
     # 16 bits of v, and the decoded value table[index] * a (fpsim.emulate.blocks._decode_rows)
     # (every inner loop runs over slices from 0: an index of unknown sign makes numba check
@@ -250,7 +250,7 @@ def int8_code(v):
 
 @jit
 def te_block(pow2, xs, eps, elem_max, cs, vs, table):
-    # fpsim.emulate.blocks._prescale (ScaleRule.TE, recipe_common.cuh compute_scale_from_amax) of
+    # fpsim.emulate.scale_rules.prescale (ScaleRule.TE, recipe_common.cuh compute_scale_from_amax) of
     # one block: amax (fmaxf, NaN skipped), at least eps; scale = elem_max / amax, 1 for an
     # amax of 0, inf or NaN, FLT_MAX for an infinite quotient, pow2: the mantissa cleared;
     # elements x * scale cast nearest-even saturating; returns the decode scale 1 / scale
@@ -271,7 +271,7 @@ def te_block(pow2, xs, eps, elem_max, cs, vs, table):
 
 @jit
 def absmax_tile(kind, x, block, first, eps, elem_max, table, codes, scales, values):
-    # fpsim.emulate.blocks._prescale (ScaleRule.ABSMAX) with an int8 symmetric (INT8_ABSMAX) or
+    # fpsim.emulate.scale_rules.prescale (ScaleRule.ABSMAX) with an int8 symmetric (INT8_ABSMAX) or
     # float8_e4m3fn (E4M3_ABSMAX) element on whole blocks: amax (NaN propagates), s =
     # f32(max(amax, eps) / elem_max), elements x / (s or 1) cast nearest-even saturating,
     # and the decoded value table[code] * s

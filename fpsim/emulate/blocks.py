@@ -127,14 +127,11 @@ def encode_array(
     return BlockCodes(_from_blocks(codes, work).reshape(x.shape), scales.reshape(grid), tensor)
 
 
-def compiled_codebook(
-    bf: BlockFormat, mode: RoundMode, work: tuple, backend: Backend = Backend.COMPILED
-) -> bool:
+def compiled_codebook(bf: BlockFormat, mode: RoundMode, work: tuple, backend: Backend) -> bool:
     """Whether the compiled loop of :mod:`fpsim._compiled.loops` runs this encode or decode:
     ``backend`` is :attr:`Backend.COMPILED` and the recipe is a nearest-entry codebook over one
     axis of blocks (the bitsandbytes optimizer states); same bits as numpy
-    (tests/replay/test_compiled.py). With the default backend it says whether the loop covers
-    the recipe at all."""
+    (tests/replay/test_compiled.py, tests/emulate/test_block_backend.py)."""
     el = bf.element
     return (
         backend is Backend.COMPILED

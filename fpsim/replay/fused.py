@@ -83,7 +83,9 @@ def _state(bf: Any, shape: tuple) -> _State | None:
         return None
     block = bf.block[0] if bf.block is not None else n
     if isinstance(bf.element, Codebook):
-        if per_tensor or not compiled_codebook(bf, RoundMode.NEAREST_EVEN, block_geometry(shape, bf)[0]):
+        if per_tensor or not compiled_codebook(
+            bf, RoundMode.NEAREST_EVEN, block_geometry(shape, bf)[0], Backend.COMPILED
+        ):
             return None
         table = _values(bf.element)
         return _State(StateKind.CODEBOOK, block, table, *nearest_buckets(bf.element.table), _F32(0), _F32(1))

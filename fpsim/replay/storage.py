@@ -45,12 +45,12 @@ def store_and_load(cfg: ReplayConfig, st: str, x: np.ndarray, backend: Backend) 
     if not is_quantized(cfg, fmt, x.size):
         return x, x
     if isinstance(fmt, BlockFormat):
-        return _fused.encode_state(fmt, x, backend) or encode_decode_blocks(x, fmt)
+        return _fused.encode_state(fmt, x, backend) or encode_decode_blocks(x, fmt, backend=backend)
     if isinstance(fmt, Format):
         q = quantize(x, fmt, RoundMode.NEAREST_EVEN, backend)
         return q, q
-    stored = encode(x, fmt)
-    return stored, decode(stored, fmt)
+    stored = encode(x, fmt, backend=backend)
+    return stored, decode(stored, fmt, backend=backend)
 
 
 def load_state(cfg: ReplayConfig, st: str, stored: Any, backend: Backend) -> np.ndarray:
@@ -59,7 +59,7 @@ def load_state(cfg: ReplayConfig, st: str, stored: Any, backend: Backend) -> np.
         return stored
     fmt = cfg.state_format(st)
     out = _fused.decode_state(fmt, stored, backend)
-    return decode(stored, fmt) if out is None else out
+    return decode(stored, fmt, backend=backend) if out is None else out
 
 
 def quantize(x: np.ndarray, fmt: Format, mode: RoundMode, backend: Backend, seed: int = 0) -> np.ndarray:

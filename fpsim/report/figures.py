@@ -59,21 +59,12 @@ def spacing_figure():
 
 
 def _analysis_figures(out: Path) -> list[Path]:
-    from ..analysis.run import analyze
+    from ..analysis import DEFAULT_FORMATS, analyze
     from .analysis import magnitude_figure, underflow_figure
 
     res = analyze(
         None,
-        [
-            "float16",
-            "bfloat16",
-            "float8_e4m3fn",
-            "float8_e5m2",
-            "e4m3_tensor",
-            "mxfp8_e4m3",
-            "nvfp4",
-            "int8_block256",
-        ],
+        DEFAULT_FORMATS,
         progress=False,
         swamping=False,
     )

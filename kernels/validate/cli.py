@@ -1,5 +1,5 @@
 """The ``fpsim validate-kernels`` command: :func:`add_parser` wires it into ``fpsim``'s
-parser (``fpsim/cli/app.py``), :func:`main` runs it standalone (``python -m
+parser (``fpsim/cli/validate.py``), :func:`main` runs it standalone (``python -m
 fpsim.kernels.validate``), :func:`print_report` prints a :func:`validate_all` report.
 
 Importing this module imports neither torch nor triton.
@@ -26,7 +26,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     """Add the ``validate-kernels`` subcommand to an argparse ``subparsers`` object.
 
     The parser's default ``run`` is :func:`run_args` (``args.run(args)`` returns the exit
-    status), as the other ``fpsim`` subcommands. In ``fpsim/cli/app.py``::
+    status), as the other ``fpsim`` subcommands. In ``fpsim/cli/validate.py``::
 
         from ..kernels.validate import add_parser as add_validate_kernels
 

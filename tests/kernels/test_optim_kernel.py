@@ -399,6 +399,7 @@ def _args(n=10, m="int8_block256", v="int8_block256"):
         (dict(rounding="stochastic"), ValueError, ["random_bits", "seed"]),
         (dict(seed=3), ValueError, ["seed", "rounding='stochastic' only"]),
         (dict(optimizer=SGD()), TypeError, ["optimizer", "Adam"]),
+        (dict(optimizer=AdamW(sqrt="torch")), ValueError, ["sqrt='ieee'", "'torch'"]),
         (dict(step=0), ValueError, ["step", "1-based"]),
     ],
 )

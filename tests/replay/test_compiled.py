@@ -119,8 +119,8 @@ def test_compiled_fma_rounds_once():
     "name", ["bnb_dynamic8_block256", "bnb_dynamic8u_block256", "bnb_dynamic8_block2048"]
 )
 def test_compiled_codebook_blocks_equal_numpy(name):
-    """Codebook encode/decode (nearest, fmaxf absmax; a compiled loop where numba is installed)
-    against the numpy oracle of bitsandbytes' blockwise quantization, on special values,
+    """Codebook encode/decode (nearest, fmaxf absmax), compiled and numpy backends, against the
+    numpy oracle of bitsandbytes' blockwise quantization, on special values,
     ragged last block."""
     bf = fpsim.RECIPES[name]
     rng = np.random.default_rng(2)
@@ -128,11 +128,12 @@ def test_compiled_codebook_blocks_equal_numpy(name):
     x[:512] = 0
     if "8u" in name:
         x = np.abs(x)
-    got = fpsim.encode(x, bf)
     want_codes, want_amax, want_v = _nearest_codebook(x, bf)
-    np.testing.assert_array_equal(got.codes, want_codes)
-    np.testing.assert_array_equal(got.scales, want_amax.view(np.uint32))
-    _same(fpsim.decode(got, bf), want_v, "decoded")
+    for backend in (COMPILED, NUMPY):
+        got = fpsim.encode(x, bf, backend=backend)
+        np.testing.assert_array_equal(got.codes, want_codes)
+        np.testing.assert_array_equal(got.scales, want_amax.view(np.uint32))
+        _same(fpsim.decode(got, bf, backend=backend), want_v, f"decoded ({backend.value})")
 
 
 def test_replay_with_and_without_compiled_loops(tmp_path, monkeypatch):
