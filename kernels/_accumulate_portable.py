@@ -43,8 +43,8 @@ import os
 import triton
 import triton.language as tl
 
-from ._codes import Round
-from .accumulate import FORMAT_PARAMS, Comp, Words
+from ._codes import Comp, Round, Words
+from .accumulate import FORMAT_PARAMS
 
 _INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"  # set by _loader.kernel_module
 
@@ -57,7 +57,7 @@ _jit = (lambda fn: fn) if _INTERPRET else triton.jit
 
 # The constexpr codes, as tl.constexpr globals for the compiler (which refuses other globals):
 # rounding modes MODE, PMODE, QMODE (fpsim.kernels._codes.Round); compensation COMP and the
-# random-word sources RAND, QRAND (fpsim.kernels.accumulate.Comp and Words).
+# random-word sources RAND, QRAND (fpsim.kernels._codes.Comp and Words).
 _NEAREST_EVEN = tl.constexpr(int(Round.NEAREST_EVEN))
 _NEAREST_AWAY = tl.constexpr(int(Round.NEAREST_AWAY))
 _TOWARD_ZERO = tl.constexpr(int(Round.TOWARD_ZERO))

@@ -27,6 +27,8 @@ __all__ = [
     "Rule",
     "StateKind",
     "Decay",
+    "Comp",
+    "Words",
     "round_code",
     "enc_code",
     "overflow_code",
@@ -174,6 +176,31 @@ class Decay(enum.IntEnum):
     NONE = 0
     DECOUPLED = 1
     L2 = 2
+
+
+class Comp(enum.IntEnum):
+    """Compensated summation of the accumulation kernel (constexpr ``COMP``;
+    :class:`fpsim.accumulate.Compensation`)."""
+
+    NONE = 0
+    KAHAN = 1
+    NEUMAIER = 2
+
+
+class Words(enum.IntEnum):
+    """Source of the accumulation kernel's random words (constexprs ``RAND``, accumulator and promotion
+    roundings, and ``QRAND``, product roundings).
+
+    Attributes:
+        NONE: no stochastic rounding.
+        LOADED: uint32 words loaded from the ``random_bits`` tensor (``RAND`` only).
+        SPLITMIX64: SplitMix64 of (seed stream, index), as
+            :func:`fpsim.emulate.random.random_bits_at`, computed in the kernel.
+    """
+
+    NONE = 0
+    LOADED = 1
+    SPLITMIX64 = 2
 
 
 _ROUND = {m: Round[m.name] for m in RoundMode}

@@ -58,7 +58,6 @@ Example::
 
 from __future__ import annotations
 
-import enum
 import math
 from dataclasses import dataclass
 from typing import Any
@@ -76,7 +75,7 @@ from fpsim.accumulate.spec import (
 )
 from fpsim.formats import BlockFormat, Encoding, Format, RoundMode
 
-from ._codes import round_code
+from ._codes import Comp, Words, round_code
 from ._loader import is_interpreted, kernel_module, require_torch
 from ._loader import launch as _launch_kernel
 
@@ -85,30 +84,6 @@ __all__ = ["Launch", "dot", "matmul"]
 _GOLDEN = 0x9E3779B97F4A7C15  # SplitMix64's seed multiplier (fpsim.emulate.random.random_bits_at)
 FORMAT_PARAMS = 10
 """Entries per format in the kernel's int64 parameter tensor (:func:`_format_params`)."""
-
-
-class Comp(enum.IntEnum):
-    """Compensated summation in the kernel (constexpr ``COMP``; :class:`fpsim.accumulate.Compensation`)."""
-
-    NONE = 0
-    KAHAN = 1
-    NEUMAIER = 2
-
-
-class Words(enum.IntEnum):
-    """Source of the kernel's random words (constexprs ``RAND``, accumulator and promotion
-    roundings, and ``QRAND``, product roundings).
-
-    Attributes:
-        NONE: no stochastic rounding.
-        LOADED: uint32 words loaded from the ``random_bits`` tensor (``RAND`` only).
-        SPLITMIX64: SplitMix64 of (seed stream, index), as
-            :func:`fpsim.emulate.random.random_bits_at`, computed in the kernel.
-    """
-
-    NONE = 0
-    LOADED = 1
-    SPLITMIX64 = 2
 
 
 _COMP = {c: Comp[c.name] for c in Compensation}

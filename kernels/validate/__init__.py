@@ -32,7 +32,6 @@ from __future__ import annotations
 from .cast import validate, validate_decode
 from .cli import add_parser, main, print_report, run_args
 from .common import Case, Mismatch
-from .common import f32_fields as _f32_fields  # noqa: F401 - imported from here by tests/kernels/test_accumulate_kernel.py
 from .inputs import InputSet, input_sets
 from .registry import KERNELS, KernelSpec, register_kernel, validate_all
 

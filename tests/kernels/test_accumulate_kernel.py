@@ -19,7 +19,7 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("triton")
 
 from fpsim.kernels import accumulate as ka  # noqa: E402
-from fpsim.kernels.validate import _f32_fields  # noqa: E402
+from fpsim.kernels.validate.common import f32_fields  # noqa: E402
 
 import fpsim  # noqa: E402
 from fpsim.accumulate import accumulator_format, rounding_count  # noqa: E402
@@ -74,8 +74,8 @@ def _assert_same(got, want: np.ndarray, what: str) -> None:
     if bad.any():
         lines = [f"{what}: {int(bad.sum())} of {bad.size} outputs differ; first:"]
         for i in np.flatnonzero(bad)[:6]:
-            lines.append(f"  [{i}] want {_f32_fields(wb[i])}")
-            lines.append(f"  [{i}] got  {_f32_fields(gb[i])}")
+            lines.append(f"  [{i}] want {f32_fields(wb[i])}")
+            lines.append(f"  [{i}] got  {f32_fields(gb[i])}")
         pytest.fail("\n".join(lines))
 
 
@@ -214,7 +214,7 @@ def test_a_wrong_rounding_is_caught():
 
 
 def test_validator_reports_a_wrong_kernel():
-    from fpsim.kernels._validate_accumulate import accumulators, run
+    from fpsim.kernels.validate.accumulate import accumulators, run
 
     def truncating(a, b, **kw):
         return ka.matmul(a, b, **{**kw, "rounding": "toward_zero"})
@@ -349,5 +349,7 @@ def test_enums_and_names_are_accepted_alike(comp):
 
 def test_kernel_codes_are_one_definition():
     """The kernel's COMP codes cover every Compensation; RAND codes are distinct."""
+    from fpsim.kernels._codes import Words
+
     assert set(ka._COMP) == set(fpsim.accumulate.Compensation)
-    assert len({int(w) for w in ka.Words}) == len(ka.Words)
+    assert len({int(w) for w in Words}) == len(Words)
