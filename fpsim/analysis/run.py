@@ -8,7 +8,6 @@ format x rounding x metric) and :meth:`Analysis.summary` the totals per format.
 
 from __future__ import annotations
 
-import math
 import zlib
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
@@ -18,9 +17,18 @@ import numpy as np
 
 from .._compiled import Backend
 from ..formats import BlockFormat, Format, IntFormat, RoundMode, get_format
+from ..trace import as_trace, json_safe
 from .metrics import Partial, SwampPartial, measure_tensor, swamping_partial
 
-__all__ = ["Analysis", "analyze", "DEFAULT_FORMATS"]
+__all__ = [
+    "Analysis",
+    "analyze",
+    "DEFAULT_FORMATS",
+    "SWAMP_MODES",
+    "resolve_formats",
+    "select_entries",
+    "tensor_seed",
+]
 
 DEFAULT_FORMATS = (
     "float16",
@@ -33,6 +41,9 @@ DEFAULT_FORMATS = (
     "int8_block256",
 )
 """What ``fpsim analyze`` measures when given no ``--format``/``--recipe``."""
+
+SWAMP_MODES = (RoundMode.NEAREST_EVEN, RoundMode.STOCHASTIC)
+"""The rounding modes :func:`analyze` measures swamping with, in this order."""
 
 Key = tuple[int, str, str, str, str]  # step, role, tensor, format, rounding
 
@@ -96,19 +107,13 @@ class Analysis:
             for rnd in self.roundings:
                 if (fmt, rnd) not in totals:
                     continue
-                entry = {"format": fmt, "rounding": rnd, **_clean(totals[fmt, rnd].totals())}
+                entry = {"format": fmt, "rounding": rnd, **json_safe(totals[fmt, rnd].totals())}
                 for srnd in sorted({r for f, r in swamp if f == fmt}):
-                    s = swamp[fmt, srnd].totals()
-                    entry[f"swamping_{srnd}"] = _clean(s)
+                    entry[f"swamping_{srnd}"] = json_safe(swamp[fmt, srnd].totals())
                 results.append(entry)
         steps = sorted({k[0] for k in self.results})
         tensors = sorted({(k[1], k[2]) for k in self.results})
         return {"trace": self.trace, "steps": len(steps), "tensors": len(tensors), "results": results}
-
-
-def _clean(d: dict[str, Any]) -> dict[str, Any]:
-    """JSON has no inf/NaN: write them as strings."""
-    return {k: (str(v) if isinstance(v, float) and not math.isfinite(v) else v) for k, v in d.items()}
 
 
 def analyze(
@@ -149,15 +154,10 @@ def analyze(
     """
     from tqdm.auto import tqdm
 
-    from ..trace import Trace, open_trace, sample_trace_path
-
-    tr = trace if isinstance(trace, Trace) else open_trace(sample_trace_path() if trace is None else trace)
-    fmts = [get_format(f) for f in formats]
-    if not fmts:
-        raise ValueError("analyze: give at least one format or recipe")
-    modes = [RoundMode.parse(r) for r in roundings]
+    tr = as_trace(trace)
+    fmts, modes = resolve_formats(formats, roundings)
     backend = Backend.resolve(backend)
-    entries = _entries(tr, tuple(roles), steps)
+    entries = select_entries(tr, roles, steps)
     out = Analysis(str(tr.path), [f.name for f in fmts], [m.value for m in modes])
     bar = tqdm(
         total=sum(e.size for e in entries) * len(fmts) * len(modes),
@@ -168,27 +168,86 @@ def analyze(
     )
     for e in entries:
         x = tr.read(e)
-        tensor_seed = seed ^ zlib.crc32(f"{e.step}:{e.role}:{e.name}".encode())
-        _measure_entry(e, x, fmts, modes, backend, tensor_seed, bar.update, out)
+        e_seed = tensor_seed(seed, e.step, e.role, e.name)
+        _measure_entry(e, x, fmts, modes, backend, e_seed, bar.update, out)
         if swamping and e.role == "grad":
-            _swamping(tr, e, x, fmts, tensor_seed, out)
+            _swamping(tr, e, x, fmts, e_seed, out)
     bar.close()
     return out
 
 
-def _entries(tr: Any, roles: tuple[str, ...], steps: Iterable[int] | None) -> list:
-    """The trace entries to measure: of these roles and steps, float tensors only."""
-    wanted = None if steps is None else set(steps)
-    entries = [e for e in tr.entries() if e.role in roles and (wanted is None or e.step in wanted)]
-    if not entries:
-        raise ValueError(f"{tr.path}: no tensors with roles {list(roles)} in the selected steps")
-    for e in entries:
-        if not _is_float(e.dtype):
+def resolve_formats(
+    formats: Sequence[str | Format | IntFormat | BlockFormat], roundings: Sequence[RoundMode | str]
+) -> tuple[list[Any], list[RoundMode]]:
+    """The formats and rounding modes of an analysis, names resolved (as :func:`analyze` takes them).
+
+    Args:
+        formats: element formats and block recipes (objects or names).
+        roundings: rounding modes (objects or names).
+
+    Returns:
+        The formats (:func:`fpsim.formats.get_format`) and the modes (:meth:`RoundMode.parse`).
+
+    Raises:
+        ValueError: no formats, or an unknown name.
+    """
+    fmts = [get_format(f) for f in formats]
+    if not fmts:
+        raise ValueError("analyze: give at least one format or recipe")
+    return fmts, [RoundMode.parse(r) for r in roundings]
+
+
+def select_entries(trace: Any, roles: Iterable[str], steps: Iterable[int] | None) -> list[Any]:
+    """The tensors :func:`analyze` measures: of these roles and steps, float tensors only.
+
+    Args:
+        trace: a :class:`fpsim.trace.Trace` (its :class:`~fpsim.trace.TensorEntry` objects are
+            selected) or a :class:`fpsim.trace.remote.TraceIndex` (its
+            :class:`~fpsim.trace.remote.TensorLocation` objects).
+        roles: tensor roles to keep.
+        steps: steps to keep (None: all).
+
+    Returns:
+        The selected entries (or locations), in the trace's order.
+
+    Raises:
+        ValueError: nothing is selected.
+        TypeError: a selected tensor is not a float tensor, naming its file (for a location,
+            its URL) and key.
+    """
+    from ..trace.remote import TraceIndex
+
+    if isinstance(trace, TraceIndex):
+        items = [(t, t.entry, t.url) for t in trace.tensors]
+    else:
+        items = [(e, e, e.file) for e in trace.entries()]
+    roles, wanted = tuple(roles), None if steps is None else set(steps)
+    chosen = [it for it in items if it[1].role in roles and (wanted is None or it[1].step in wanted)]
+    if not chosen:
+        raise ValueError(f"{trace.path}: no tensors with roles {list(roles)} in the selected steps")
+    for _, e, file in chosen:
+        if not e.dtype.startswith(("float", "bfloat")):
             raise TypeError(
-                f"{e.file}: tensor {e.key!r} has dtype {e.dtype}, not a float type; "
+                f"{file}: tensor {e.key!r} has dtype {e.dtype}, not a float type; "
                 f"fpsim analyses float tensors only"
             )
-    return entries
+    return [it[0] for it in chosen]
+
+
+def tensor_seed(seed: int, step: int, role: str, name: str) -> int:
+    """The stochastic-rounding seed of one tensor of an analysis.
+
+    Args:
+        seed: the analysis' base seed.
+        step: the tensor's step.
+        role: its role.
+        name: its name.
+
+    Returns:
+        ``seed ^ crc32("<step>:<role>:<name>")``: the tensor draws the same bits wherever,
+        and in whatever order, it is measured.
+    """
+    return seed ^ zlib.crc32(f"{step}:{role}:{name}".encode())
 
 
 def _measure_entry(
@@ -228,11 +287,7 @@ def _swamping(tr: Any, e: Any, grad: np.ndarray, fmts: list, seed: int, out: Ana
         )
     for f in fmts:
         if isinstance(f, Format):
-            for m in (RoundMode.NEAREST_EVEN, RoundMode.STOCHASTIC):
+            for m in SWAMP_MODES:
                 out.swamping[(e.step, "param", e.name, f.name, m.value)] = swamping_partial(
                     theta, grad, f, m, seed=seed, scale=-lr
                 )
-
-
-def _is_float(dtype: str) -> bool:
-    return dtype.startswith(("float", "bfloat"))

@@ -12,24 +12,21 @@ keys in its order.
 
 from __future__ import annotations
 
-import zlib
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from ..analysis.metrics import CHUNK, Partial, SwampPartial, chunk_slices, needs_tensor_amax
-from ..analysis.run import Analysis
-from ..formats import Format, RoundMode, get_format
+from ..analysis.run import SWAMP_MODES, Analysis, resolve_formats, select_entries, tensor_seed
+from ..formats import Format, RoundMode
 from ..trace.remote import TensorLocation, TraceIndex, index_trace
 
-__all__ = ["AMAX_PART", "SWAMP_MODES", "AnalysisPlan", "ChunkTask", "SwampTask", "plan_analysis"]
+__all__ = ["AMAX_PART", "AnalysisPlan", "ChunkTask", "SwampTask", "plan_analysis"]
 
 _JOB_OVERHEAD = 1 << 13
 """The fixed cost of measuring one small tensor under one format, in element-equivalents."""
 AMAX_PART = CHUNK
 """Elements per task of the first (tensor amax) pass, for tensors of more than one chunk."""
-SWAMP_MODES = (RoundMode.NEAREST_EVEN, RoundMode.STOCHASTIC)
-"""The rounding modes swamping is measured with (those of ``analyze``), in its order."""
 
 
 @dataclass(frozen=True)
@@ -197,35 +194,15 @@ def plan_analysis(
         TypeError: a non-float tensor, naming its file and key.
     """
     index = index_trace(trace, storage_options)
-    fmts = [get_format(f) for f in formats]
-    if not fmts:
-        raise ValueError("analyze: give at least one format or recipe")
-    modes = [RoundMode.parse(r) for r in roundings]
-    tensors = _select(index, tuple(roles), steps)
+    fmts, modes = resolve_formats(formats, roundings)
+    tensors = select_entries(index, roles, steps)
     pairs = [(f.name, m.value) for f in fmts for m in modes]
     last = {k: j for j, k in enumerate(pairs)}
     jobs = sorted({0, *last.values()}) if pairs else []
-    seeds = [seed ^ zlib.crc32(f"{t.entry.step}:{t.entry.role}:{t.entry.name}".encode()) for t in tensors]
+    seeds = [tensor_seed(seed, t.entry.step, t.entry.role, t.entry.name) for t in tensors]
     swamp_last = {f.name: fi for fi, f in enumerate(fmts) if isinstance(f, Format)}
     swamp = _swamp_tasks(index, tensors, tuple(sorted(swamp_last.values()))) if swamping else {}
     return AnalysisPlan(index, fmts, modes, tensors, seeds, jobs, last, swamp, swamp_last)
-
-
-def _select(index: TraceIndex, roles: tuple[str, ...], steps: Iterable[int] | None) -> list[TensorLocation]:
-    """The tensors ``analyze`` measures: of these roles and steps, float only."""
-    wanted = None if steps is None else set(steps)
-    tensors = [
-        t for t in index.tensors if t.entry.role in roles and (wanted is None or t.entry.step in wanted)
-    ]
-    if not tensors:
-        raise ValueError(f"{index.path}: no tensors with roles {list(roles)} in the selected steps")
-    for t in tensors:
-        if not t.entry.dtype.startswith(("float", "bfloat")):
-            raise TypeError(
-                f"{t.url}: tensor {t.entry.key!r} has dtype {t.entry.dtype}, not a float type; "
-                f"fpsim analyses float tensors only"
-            )
-    return tensors
 
 
 def _swamp_tasks(

@@ -1,17 +1,16 @@
-"""Replay a trace on a Dask cluster, split by tensor: the same :class:`~fpsim.replay.engine.ReplayResult`.
+"""Replay a trace on a Dask cluster, split by tensor: the same :class:`~fpsim.replay.ReplayResult`.
 
 Every tensor's replay (the FP32 reference, each configuration's master copy, states and
 per-step statistics) depends on that tensor alone, except through a loss scaler, whose
 overflow check spans all tensors of a step. So configurations without a loss scaler run as
 tasks over groups of tensors (about ``2 x`` the cluster's threads, balanced by size), and
 those with one run as one task over all tensors. Workers open the trace themselves (a local
-path, or one the workers share) and run :func:`~fpsim.replay.engine.replay` on their part;
+path, or one the workers share) and run :func:`~fpsim.replay.replay` on their part;
 the client puts the parts together in replay's order.
 """
 
 from __future__ import annotations
 
-import inspect
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -44,7 +43,7 @@ def replay_distributed(
     progress: bool = True,
     backend: Backend | str = "auto",
 ) -> Any:
-    """:func:`fpsim.replay.engine.replay` on a Dask cluster, split by tensor, with exactly the same result.
+    """:func:`fpsim.replay.replay` on a Dask cluster, split by tensor, with exactly the same result.
 
     See the module docstring for how the work is split. The result equals the
     single-process one exactly: statistics, loss scales, skips, final parameters and states,
@@ -53,17 +52,17 @@ def replay_distributed(
 
     Args:
         trace: a trace path or :class:`fpsim.trace.Trace` (None: the bundled sample).
-        configs: :class:`~fpsim.replay.engine.ReplayConfig` objects or preset names (None:
-            replay's default).
-        optimizer, lr, steps, seed: as for :func:`~fpsim.replay.engine.replay`.
+        configs: :class:`~fpsim.replay.ReplayConfig` objects or preset names (None:
+            :data:`~fpsim.replay.config.DEFAULT_CONFIGS`, replay's default).
+        optimizer, lr, steps, seed: as for :func:`~fpsim.replay.replay`.
         scheduler, n_workers, threads_per_worker, memory_limit: as for
             :func:`~fpsim.distributed.analyze.analyze_distributed`.
         progress: show a progress bar over the parts.
         backend: where the workers' hot loops run (:meth:`fpsim.Backend.resolve`, resolved
-            here, on the client), as for :func:`~fpsim.replay.engine.replay`.
+            here, on the client), as for :func:`~fpsim.replay.replay`.
 
     Returns:
-        The :class:`~fpsim.replay.engine.ReplayResult` ``replay`` returns for the same arguments.
+        The :class:`~fpsim.replay.ReplayResult` ``replay`` returns for the same arguments.
     """
     backend = Backend.resolve(backend)
     job = _job(as_trace(trace), configs, steps)
@@ -141,19 +140,12 @@ class _Job:
 
 
 def _job(tr: Trace, configs: Sequence[Any] | None, steps: Iterable[int] | None) -> _Job:
-    """Resolve the configurations and steps as :func:`~fpsim.replay.engine.replay` does."""
-    from ..replay import PRESETS, ReplayConfig, replay
+    """Resolve the configurations and steps as :func:`~fpsim.replay.replay` does."""
+    from ..replay.config import DEFAULT_CONFIGS, resolve_configs
+    from ..replay.engine import select_steps
 
-    if configs is None:
-        configs = inspect.signature(replay).parameters["configs"].default
-    cfgs = [PRESETS[c] if isinstance(c, str) and c in PRESETS else c for c in configs]
-    for c in cfgs:
-        if not isinstance(c, ReplayConfig):
-            raise ValueError(f"unknown replay configuration {c!r}; presets: {', '.join(PRESETS)}")
-    wanted = sorted(tr.steps if steps is None else set(steps))
-    missing = [s for s in wanted if s not in tr.steps]
-    if missing:
-        raise ValueError(f"{tr.path}: steps {missing} are not in the trace (it has {tr.steps})")
+    cfgs = resolve_configs(DEFAULT_CONFIGS if configs is None else configs)
+    wanted = select_steps(tr, steps)
     sizes = {e.name: int(e.size) for e in tr.entries(step=wanted[0], role="grad")} if wanted else {}
     return _Job(tr, cfgs, wanted, sizes)
 

@@ -24,15 +24,13 @@ from ..analysis.metrics import (
     needs_tensor_amax,
     tensor_amax,
 )
+from ..analysis.run import SWAMP_MODES
+from ..emulate.random import shifted_seed
 from ..formats import RoundMode
 from ..trace.remote import RangeReader, TensorLocation
-from .plan import SWAMP_MODES, ChunkTask
+from .plan import ChunkTask
 
-__all__ = ["amax_part", "fmax_reduce", "run_batch", "shifted_seed", "swamp_chunk"]
-
-_GOLDEN = 0x9E3779B97F4A7C15
-"""The odd multiplier of the seed in :func:`fpsim.emulate.random.random_bits_at`."""
-_GOLDEN_INV = pow(_GOLDEN, -1, 1 << 64)
+__all__ = ["amax_part", "fmax_reduce", "run_batch", "swamp_chunk"]
 
 
 def run_batch(
@@ -99,21 +97,12 @@ def swamp_chunk(
 
     The update is ``float32(scale * grad)``, as ``analyze`` forms it (``scale = -lr``).
     ``measure_swamping`` draws the random bits of flat position ``i`` of its input, so for a
-    chunk starting at ``offset`` the seed is shifted (:func:`shifted_seed`) to give the bits
-    of ``offset + i``.
+    chunk starting at ``offset`` the seed is shifted (:func:`fpsim.emulate.random.shifted_seed`)
+    to give the bits of ``offset + i``.
     """
     if theta.size > CHUNK:
         raise ValueError(f"a swamping chunk holds at most {CHUNK} elements, got {theta.size}")
     return measure_swamping(theta, grad, fmt, mode, seed=shifted_seed(seed, offset), scale=scale)
-
-
-def shifted_seed(seed: int, offset: int) -> int:
-    """The seed whose random bits at flat position ``i`` are those of ``seed`` at ``offset + i``.
-
-    :func:`~fpsim.emulate.random.random_bits_at` hashes ``i + seed * G (mod 2**64)`` with
-    ``G`` odd, so ``seed + offset * G**-1 (mod 2**64)`` gives exactly that.
-    """
-    return (seed + offset * _GOLDEN_INV) % (1 << 64)
 
 
 def amax_part(src: TensorLocation, start: int, stop: int, storage_options: Mapping[str, Any]) -> float:

@@ -12,7 +12,8 @@ same words must agree bit for bit:
   pseudorandom number generators", OOPSLA 2014), so that a chunk of a tensor draws the same
   words wherever and in whatever order it is processed: the analysis, the replay and the
   accumulation use them, and the replay's compiled bfloat16 rounding computes them in its
-  loop (:mod:`fpsim._compiled.loops`).
+  loop (:mod:`fpsim._compiled.loops`); :func:`shifted_seed` moves a seed along the counter, so
+  that a chunk numbered from 0 on its own draws the words of its place in the tensor.
 
 The Triton kernels' in-kernel source is Philox4x32-10 (``tl.randint4x``);
 :func:`fpsim.kernels.philox.philox_bits` is its numpy twin, so a kernel run with in-kernel
@@ -27,7 +28,11 @@ import numpy as np
 
 from ..formats import RoundMode
 
-__all__ = ["random_bits_at", "random_words", "stochastic_words"]
+__all__ = ["SEED_MULTIPLIER", "random_bits_at", "random_words", "shifted_seed", "stochastic_words"]
+
+SEED_MULTIPLIER = 0x9E3779B97F4A7C15
+"""The odd multiplier of the seed in :func:`random_bits_at` (SplitMix64's golden gamma)."""
+_SEED_MULTIPLIER_INV = pow(SEED_MULTIPLIER, -1, 1 << 64)
 
 
 def random_bits_at(seed: int, start: int, n: int) -> np.ndarray:
@@ -35,10 +40,27 @@ def random_bits_at(seed: int, start: int, n: int) -> np.ndarray:
 
     Counter-based, so a chunk draws the same bits wherever it is processed.
     """
-    z = np.arange(start, start + n, dtype=np.uint64) + np.uint64((seed * 0x9E3779B97F4A7C15) % (1 << 64))
+    z = np.arange(start, start + n, dtype=np.uint64) + np.uint64((seed * SEED_MULTIPLIER) % (1 << 64))
     z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
     z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
     return (z ^ (z >> np.uint64(31))).astype(np.uint32)
+
+
+def shifted_seed(seed: int, offset: int) -> int:
+    """The seed whose random bits at flat position ``i`` are those of ``seed`` at ``offset + i``.
+
+    :func:`random_bits_at` hashes ``i + seed * G (mod 2**64)`` with ``G`` (:data:`SEED_MULTIPLIER`)
+    odd, so ``seed + offset * G**-1 (mod 2**64)`` gives exactly that.
+
+    Args:
+        seed: the seed of the whole sequence.
+        offset: the flat position that becomes position 0.
+
+    Returns:
+        A seed in ``[0, 2**64)``: ``random_bits_at(shifted_seed(seed, offset), 0, n)`` equals
+        ``random_bits_at(seed, offset, n)``.
+    """
+    return (seed + offset * _SEED_MULTIPLIER_INV) % (1 << 64)
 
 
 def random_words(xp: Any, random_bits: Any, rng: Any, shape: tuple) -> Any:

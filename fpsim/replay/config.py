@@ -1,5 +1,6 @@
-"""What a replayed configuration stores where: :class:`ReplayConfig`, the :data:`PRESETS` and
-the :func:`memory_table`.
+"""What a replayed configuration stores where: :class:`ReplayConfig`, the :data:`PRESETS` (and
+:func:`resolve_configs`, which looks names up in them, :data:`DEFAULT_CONFIGS`) and the
+:func:`memory_table`.
 
 A configuration is built from names or objects and holds objects: every format, block recipe
 and rounding mode is resolved once, when the configuration is made (the conventions of the
@@ -19,7 +20,7 @@ from ..formats import RECIPES, BlockFormat, Codebook, Format, IntFormat, RoundMo
 from ..optim import AdamW, Optimizer
 from .lossscale import LossScaler
 
-__all__ = ["PRESETS", "ReplayConfig", "memory_table"]
+__all__ = ["DEFAULT_CONFIGS", "PRESETS", "ReplayConfig", "memory_table", "resolve_configs"]
 
 StateFormat = Format | IntFormat | BlockFormat
 """A state's storage: an element format or a block recipe."""
@@ -137,6 +138,25 @@ PRESETS: dict[str, ReplayConfig] = {
     )
 }
 """Named configurations for ``fpsim replay --config NAME``."""
+
+DEFAULT_CONFIGS = ("bf16-master", "bnb-8bit-all", "fp8-states")
+"""The configurations :func:`fpsim.replay.replay` (and its Dask executor) replays when given none."""
+
+
+def resolve_configs(configs: Sequence[ReplayConfig | str]) -> list[ReplayConfig]:
+    """The configurations of a replay, names of :data:`PRESETS` resolved.
+
+    Args:
+        configs: :class:`ReplayConfig` objects or preset names.
+
+    Raises:
+        ValueError: an item that is neither a configuration nor a preset name.
+    """
+    cfgs = [PRESETS[c] if isinstance(c, str) and c in PRESETS else c for c in configs]
+    for c in cfgs:
+        if not isinstance(c, ReplayConfig):
+            raise ValueError(f"unknown replay configuration {c!r}; presets: {', '.join(PRESETS)}")
+    return cfgs
 
 
 def memory_table(

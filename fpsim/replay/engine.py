@@ -45,15 +45,16 @@ from ..emulate import decode, encode
 from ..emulate import element as emulate
 from ..formats import BlockFormat, Format, RoundMode
 from ..optim import AdamW, Optimizer, Sqrt
+from ..trace import as_trace
 from . import fused as _fused
-from .config import PRESETS, ReplayConfig, memory_table
+from .config import DEFAULT_CONFIGS, PRESETS, ReplayConfig, memory_table, resolve_configs
 from .lossscale import ScalerState
 from .stats import ReplayResult, Stats, state_stats, tensor_stats
 from .storage import is_quantized, load_state, quantize, round_master, store_and_load
 
 # ReplayConfig, PRESETS, memory_table (.config) and ReplayResult (.stats) are re-exported here
 # for the modules that import them from fpsim.replay.engine; fpsim.replay has them all.
-__all__ = ["ReplayConfig", "ReplayResult", "replay", "PRESETS", "memory_table"]
+__all__ = ["ReplayConfig", "ReplayResult", "replay", "select_steps", "PRESETS", "memory_table"]
 
 _F32 = np.float32
 
@@ -87,7 +88,7 @@ class _Run:
 
 def replay(
     trace: Any = None,
-    configs: Sequence[ReplayConfig | str] = ("bf16-master", "bnb-8bit-all", "fp8-states"),
+    configs: Sequence[ReplayConfig | str] = DEFAULT_CONFIGS,
     *,
     optimizer: Optimizer | None = None,
     lr: float | None = None,
@@ -103,7 +104,8 @@ def replay(
 
     Args:
         trace: trace path or :class:`fpsim.trace.Trace` (None: the bundled sample).
-        configs: :class:`ReplayConfig` objects or names of :data:`PRESETS`.
+        configs: :class:`ReplayConfig` objects or names of :data:`PRESETS`
+            (default :data:`~fpsim.replay.config.DEFAULT_CONFIGS`).
         optimizer: :class:`fpsim.optim.Adam`, ``AdamW`` or ``SGD`` (default AdamW()).
         lr: learning rate for every step; None uses the trace's recorded lr per step.
         steps: the recorded steps to replay (default all), replayed in increasing order.
@@ -134,9 +136,9 @@ def replay(
     optimizer = optimizer or AdamW()
     if sqrt is not None:
         optimizer = optimizer.with_sqrt(Sqrt.resolve(sqrt))
-    tr = _open(trace)
-    cfgs = _configs(configs)
-    wanted = _steps(tr, steps)
+    tr = as_trace(trace)
+    cfgs = resolve_configs(configs)
+    wanted = select_steps(tr, steps)
     names = _tensor_names(tr, wanted[0], tensors)
     params, ref_states = _initial_values(tr, wanted[0], names, optimizer)
     result = ReplayResult(str(tr.path), cfgs, wanted, sizes={n: int(params[n].size) for n in names})
@@ -157,26 +159,20 @@ def replay(
     return result
 
 
-def _open(trace: Any) -> Any:
-    from ..trace import Trace, open_trace, sample_trace_path
+def select_steps(trace: Any, steps: Iterable[int] | None) -> list[int]:
+    """The recorded steps a replay runs, in increasing order (each once).
 
-    return trace if isinstance(trace, Trace) else open_trace(sample_trace_path() if trace is None else trace)
+    Args:
+        trace: a :class:`fpsim.trace.Trace`.
+        steps: the steps asked for (None: all of the trace's).
 
-
-def _configs(configs: Sequence[ReplayConfig | str]) -> list[ReplayConfig]:
-    """The configurations, preset names resolved."""
-    cfgs = [PRESETS[c] if isinstance(c, str) and c in PRESETS else c for c in configs]
-    for c in cfgs:
-        if not isinstance(c, ReplayConfig):
-            raise ValueError(f"unknown replay configuration {c!r}; presets: {', '.join(PRESETS)}")
-    return cfgs
-
-
-def _steps(tr: Any, steps: Iterable[int] | None) -> list[int]:
-    wanted = sorted(tr.steps if steps is None else set(steps))
-    missing = [s for s in wanted if s not in tr.steps]
+    Raises:
+        ValueError: a step the trace does not have.
+    """
+    wanted = sorted(trace.steps if steps is None else set(steps))
+    missing = [s for s in wanted if s not in trace.steps]
     if missing:
-        raise ValueError(f"{tr.path}: steps {missing} are not in the trace (it has {tr.steps})")
+        raise ValueError(f"{trace.path}: steps {missing} are not in the trace (it has {trace.steps})")
     return wanted
 
 
@@ -338,7 +334,7 @@ def _start(cfg: ReplayConfig, params, ref_states, env: _Env) -> _Run:
     return run
 
 
-def _grad(run: _Run, name: str, g: np.ndarray) -> tuple[np.ndarray, bool]:
+def _grad(run: _Run, name: str, g: np.ndarray, backend: Backend) -> tuple[np.ndarray, bool]:
     """The gradient the optimizer sees, and whether it holds inf/NaN (looked at only where a
     loss scaler will act on it)."""
     cfg = run.cfg
@@ -347,7 +343,7 @@ def _grad(run: _Run, name: str, g: np.ndarray) -> tuple[np.ndarray, bool]:
         return (emulate.decode(enc.codes, cfg.grad_delayed.element) * _F32(enc.scales.view(_F32)[0])), False
     fmt = cfg.grad
     if isinstance(fmt, BlockFormat):
-        q = decode(encode(g, fmt), fmt)
+        q = decode(encode(g, fmt, backend=backend), fmt, backend=backend)
     elif fmt.name == "float32" and run.scaler is None:
         q = g
     else:
@@ -365,7 +361,8 @@ def _step_config(run: _Run, env: _Env, step: int, lr: float, grads, params, ref_
     cfg = run.cfg
     found_inf = False
     unscaled = {}
-    for name, (q, inf) in zip(grads, env.pool.map(lambda n: _grad(run, n, grads[n]), list(grads))):
+    done = env.pool.map(lambda n: _grad(run, n, grads[n], env.backend), list(grads))
+    for name, (q, inf) in zip(grads, done):
         unscaled[name] = q
         found_inf |= inf
     skip = found_inf and run.scaler is not None

@@ -19,6 +19,7 @@ import numpy as np
 
 from .. import _compiled
 from .._compiled import Backend
+from ..trace import json_safe
 from .config import ReplayConfig, memory_table
 
 __all__ = ["ReplayResult", "Stats", "state_stats", "tensor_stats"]
@@ -114,7 +115,7 @@ class ReplayResult:
         """One entry per configuration under ``results`` (JSON-ready)."""
         mem = {r["config"]: r for r in memory_table(self.configs, self.sizes)}
         results = [self._summary_row(cfg.name, mem[cfg.name]["total"]) for cfg in self.configs]
-        return {"trace": self.trace, "parameters": sum(self.sizes.values()), "results": _json_safe(results)}
+        return {"trace": self.trace, "parameters": sum(self.sizes.values()), "results": json_safe(results)}
 
     def _summary_row(self, config: str, bytes_per_param: float) -> dict[str, Any]:
         per_step = self.per_step(config)
@@ -131,13 +132,6 @@ class ReplayResult:
             "final_loss_scale": per_step[-1]["loss_scale"] if per_step else 1.0,
             "bytes_per_param": bytes_per_param,
         }
-
-
-def _json_safe(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    return [
-        {k: (str(v) if isinstance(v, float) and not math.isfinite(v) else v) for k, v in r.items()}
-        for r in rows
-    ]
 
 
 def _sum(stats: Iterable[Stats]) -> Stats:

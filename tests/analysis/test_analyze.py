@@ -8,6 +8,7 @@ a trace captured from a different model.
 from __future__ import annotations
 
 import json
+import zlib
 from pathlib import Path
 
 import ml_dtypes
@@ -16,8 +17,10 @@ import pandas as pd
 import pytest
 
 from fpsim.analysis import analyze
+from fpsim.analysis.run import select_entries, tensor_seed
 from fpsim.cli.app import main
-from fpsim.trace import TraceWriter, sample_trace_path
+from fpsim.trace import TraceWriter, open_trace, sample_trace_path
+from fpsim.trace.remote import index_trace
 
 PLAIN = {
     "float16": np.float16,
@@ -210,6 +213,23 @@ def test_bad_input_is_a_clear_error_naming_the_file(kind, tmp_path, capsys):
         assert "grads_step7.npz" in err and "idx" in err and "not a float" in err
     else:
         assert "step_000050.safetensors" in err
+
+
+def test_trace_and_its_index_select_the_same_tensors(tmp_path):
+    """What the Dask plan measures (an index's locations) is what analyze measures (a trace's
+    entries), seeded alike; a non-float tensor is named by its file (an index: its URL)."""
+    tr = open_trace(sample_trace_path())
+    entries = select_entries(tr, ["param", "grad"], [tr.steps[-1]])
+    located = select_entries(index_trace(tr), ("param", "grad"), {tr.steps[-1]})
+    assert entries and [t.entry for t in located] == entries
+    assert {e.role for e in entries} == {"grad", "param"} and {e.step for e in entries} == {tr.steps[-1]}
+    assert tensor_seed(7, 3, "grad", "w") == 7 ^ zlib.crc32(b"3:grad:w")
+    with pytest.raises(ValueError, match="no tensors with roles"):
+        select_entries(index_trace(tr), ["state.none"], None)
+    path = _npz_trace(tmp_path / "t", {"w": np.ones(3, np.float32), "idx": np.arange(3)})
+    for source in (open_trace(path), index_trace(path)):
+        with pytest.raises(TypeError, match="grads_step7.npz: tensor 'grad:idx' has dtype int64"):
+            select_entries(source, ["grad"], None)
 
 
 def test_unknown_format_lists_the_choices(capsys):

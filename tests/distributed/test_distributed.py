@@ -26,8 +26,7 @@ from fpsim.distributed import analyze as distributed_analyze  # noqa: E402
 from fpsim.distributed import analyze_distributed, replay_distributed  # noqa: E402
 from fpsim.distributed import plan as distributed_plan  # noqa: E402
 from fpsim.distributed.replay import tensor_groups  # noqa: E402
-from fpsim.distributed.worker import shifted_seed  # noqa: E402
-from fpsim.emulate.random import random_bits_at  # noqa: E402
+from fpsim.emulate.random import random_bits_at, shifted_seed  # noqa: E402
 from fpsim.replay import PRESETS, ReplayResult, replay  # noqa: E402
 from fpsim.trace import TensorEntry, TraceError, TraceWriter, open_trace, sample_trace_path  # noqa: E402
 from fpsim.trace.remote import RangeReader, TensorLocation  # noqa: E402

@@ -10,7 +10,9 @@ import pytest
 
 from fpsim.optim import Adam, AdamW
 from fpsim.replay import PRESETS, LossScaler, ReplayConfig, memory_table, replay
-from fpsim.trace import TraceWriter
+from fpsim.replay.config import DEFAULT_CONFIGS, resolve_configs
+from fpsim.replay.engine import select_steps
+from fpsim.trace import TraceWriter, open_trace
 
 
 def write_trace(path, grads, p0, lr=1e-3, name="w"):
@@ -175,6 +177,20 @@ def test_unknown_config_and_missing_lr_are_clear_errors(tmp_path):
     with pytest.raises(ValueError, match="no recorded lr"):
         replay(trace, ["fp32"], progress=False)
     assert replay(trace, [ReplayConfig("x")], lr=0.1, progress=False).summary()["results"][0]["steps"] == 1
+
+
+def test_default_configs_and_steps_are_resolved_as_documented(tmp_path):
+    """replay's default configurations are DEFAULT_CONFIGS; presets and steps resolve as the
+    Dask executor resolves them."""
+    trace = write_trace(tmp_path / "t", [np.ones(3, np.float32)] * 2, np.zeros(3, np.float32))
+    assert [c.name for c in replay(trace, progress=False).configs] == list(DEFAULT_CONFIGS)
+    own = ReplayConfig("x")
+    assert resolve_configs(["fp32", own]) == [PRESETS["fp32"], own]
+    assert resolve_configs(["fp32"])[0] is PRESETS["fp32"]
+    assert select_steps(open_trace(trace), [2, 1, 2]) == [1, 2]
+    assert select_steps(open_trace(trace), None) == [1, 2]
+    with pytest.raises(ValueError, match=r"steps \[5\] are not in the trace"):
+        select_steps(open_trace(trace), [1, 5])
 
 
 def test_cli_replay_json_and_files(tmp_path, capsys):
