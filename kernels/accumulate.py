@@ -73,6 +73,7 @@ from fpsim.accumulate.spec import (
     SeedStream,
     accumulator_format,
 )
+from fpsim.emulate.random import SEED_MULTIPLIER
 from fpsim.formats import BlockFormat, Encoding, Format, RoundMode
 
 from ._codes import Comp, Words, round_code
@@ -81,7 +82,6 @@ from ._loader import launch as _launch_kernel
 
 __all__ = ["Launch", "dot", "matmul"]
 
-_GOLDEN = 0x9E3779B97F4A7C15  # SplitMix64's seed multiplier (fpsim.emulate.random.random_bits_at)
 FORMAT_PARAMS = 10
 """Entries per format in the kernel's int64 parameter tensor (:func:`_format_params`)."""
 
@@ -357,7 +357,7 @@ def _format_params(fmt: Format | None) -> list[int]:
 
 def _offset(stream: int | None) -> int:
     """SplitMix64 offset of a seed stream as an int64 bit pattern (fpsim.emulate.random.random_bits_at)."""
-    v = ((stream or 0) * _GOLDEN) % (1 << 64)
+    v = ((stream or 0) * SEED_MULTIPLIER) % (1 << 64)
     return v - (1 << 64) if v >= (1 << 63) else v
 
 

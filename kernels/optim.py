@@ -69,7 +69,6 @@ from __future__ import annotations
 
 import functools
 import math
-import zlib
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -197,14 +196,16 @@ def _block(mrec: BlockFormat | None, vrec: BlockFormat | None) -> int:
 
 
 def replay_random_bits(seed: int, step: int, name: str, shape: tuple) -> np.ndarray:
-    """The random words :func:`fpsim.replay.engine.replay` draws for the stochastic master rounding of
+    """The random words :func:`fpsim.replay.replay` draws for the stochastic master rounding of
     tensor ``name`` at recorded step ``step`` (its ``seed``): ``random_bits_at(seed ^
-    crc32(f"{step}:{name}"), 0, size)``, shaped. Pass them as ``random_bits`` to reproduce a
-    replay step (checked against the replay in the tests)."""
+    crc32(f"{step}:{name}"), 0, size)`` (:func:`fpsim.replay.storage.master_seed`), shaped.
+    Pass them as ``random_bits`` to reproduce a replay step (checked against the replay in the
+    tests)."""
     from fpsim.emulate.random import random_bits_at
+    from fpsim.replay.storage import master_seed
 
     n = math.prod(shape)
-    return random_bits_at(seed ^ zlib.crc32(f"{step}:{name}".encode()), 0, n).reshape(shape)
+    return random_bits_at(master_seed(seed, step, name), 0, n).reshape(shape)
 
 
 # --- the emulator twin ------------------------------------------------------------------------

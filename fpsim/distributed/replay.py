@@ -141,8 +141,7 @@ class _Job:
 
 def _job(tr: Trace, configs: Sequence[Any] | None, steps: Iterable[int] | None) -> _Job:
     """Resolve the configurations and steps as :func:`~fpsim.replay.replay` does."""
-    from ..replay.config import DEFAULT_CONFIGS, resolve_configs
-    from ..replay.engine import select_steps
+    from ..replay import DEFAULT_CONFIGS, resolve_configs, select_steps
 
     cfgs = resolve_configs(DEFAULT_CONFIGS if configs is None else configs)
     wanted = select_steps(tr, steps)

@@ -14,9 +14,20 @@ The update math itself is :mod:`fpsim.optim`.
 
 from __future__ import annotations
 
-from .config import PRESETS, ReplayConfig, memory_table
-from .engine import replay
+from .config import DEFAULT_CONFIGS, PRESETS, ReplayConfig, memory_table, resolve_configs
+from .engine import replay, select_steps
 from .lossscale import LossScaler, ScalerState
 from .stats import ReplayResult
 
-__all__ = ["PRESETS", "LossScaler", "ReplayConfig", "ReplayResult", "ScalerState", "memory_table", "replay"]
+__all__ = [
+    "DEFAULT_CONFIGS",
+    "PRESETS",
+    "LossScaler",
+    "ReplayConfig",
+    "ReplayResult",
+    "ScalerState",
+    "memory_table",
+    "replay",
+    "resolve_configs",
+    "select_steps",
+]

@@ -33,7 +33,6 @@ step in :mod:`.fused`; this module runs the steps. :func:`replay` resolves its `
 from __future__ import annotations
 
 import os
-import zlib
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -50,7 +49,7 @@ from . import fused as _fused
 from .config import DEFAULT_CONFIGS, PRESETS, ReplayConfig, memory_table, resolve_configs
 from .lossscale import ScalerState
 from .stats import ReplayResult, Stats, state_stats, tensor_stats
-from .storage import is_quantized, load_state, quantize, round_master, store_and_load
+from .storage import is_quantized, load_state, master_seed, quantize, round_master, store_and_load
 
 # ReplayConfig, PRESETS, memory_table (.config) and ReplayResult (.stats) are re-exported here
 # for the modules that import them from fpsim.replay.engine; fpsim.replay has them all.
@@ -412,7 +411,7 @@ def _update_tensor(run: _Run, env: _Env, name, step, lr, g, refs, skip, fused) -
             state_stats(s, st, None, v, s_ref[st], env.backend)
     else:
         p_f32 = _new_states(run, env, name, step, lr, g, s_ref, fused, s)
-        seed = env.seed ^ zlib.crc32(f"{step}:{name}".encode())
+        seed = master_seed(env.seed, step, name)
         fmt = run.master_format[name]
         p_new, comp = round_master(run.cfg, fmt, p_old, p_f32, run.comp.get(name), seed, env.backend)
         if run.cfg.kahan:

@@ -10,6 +10,7 @@ compares them with the emulator).
 
 from __future__ import annotations
 
+import zlib
 from typing import Any
 
 import numpy as np
@@ -19,7 +20,7 @@ from .._compiled import Backend
 from ..emulate import decode, encode
 from ..emulate import element as emulate
 from ..emulate.blocks import encode_decode_blocks
-from ..emulate.random import random_bits_at
+from ..emulate.random import SEED_MULTIPLIER, random_bits_at
 from ..formats import BlockFormat, Format, RoundMode, get_format
 from . import fused as _fused
 from .config import ReplayConfig, StateFormat
@@ -71,7 +72,7 @@ def quantize(x: np.ndarray, fmt: Format, mode: RoundMode, backend: Backend, seed
     if flat is not None and fmt == _F16 and mode is RoundMode.NEAREST_EVEN:
         nan = _compiled.load().f16_round(flat[0], out.reshape(-1)) > 0
     elif flat is not None and fmt == _BF16 and mode in _BF16_MODES:
-        mix = np.uint64((seed * 0x9E3779B97F4A7C15) % (1 << 64))
+        mix = np.uint64((seed * SEED_MULTIPLIER) % (1 << 64))
         stochastic = mode is RoundMode.STOCHASTIC
         nan = _compiled.load().bf16_round(flat[0], stochastic, mix, 0, out.reshape(-1)) > 0
     else:
@@ -88,6 +89,13 @@ def _random_bits(x: np.ndarray, mode: RoundMode, seed: int) -> dict[str, np.ndar
     if mode is not RoundMode.STOCHASTIC:
         return {}
     return {"random_bits": random_bits_at(seed, 0, x.size).reshape(x.shape)}
+
+
+def master_seed(seed: int, step: int, name: str) -> int:
+    """The seed of the stochastic master rounding of tensor ``name`` at recorded step ``step``
+    under the replay's ``seed``: ``seed ^ crc32("<step>:<name>")``, so each tensor-step draws
+    its own words (:func:`fpsim.emulate.random.random_bits_at`) wherever it is computed."""
+    return seed ^ zlib.crc32(f"{step}:{name}".encode())
 
 
 def round_master(
