@@ -1,0 +1,158 @@
+"""The layout the README's Architecture section describes, checked on the source tree.
+
+One package per stage of the data flow; each import points down the flow, never up, and no
+two modules import each other (directly or through others, lazy imports included); modules
+stay small; ``import fpsim`` loads none of the heavy optional dependencies; no file cites a
+document the repository does not contain.
+"""
+
+from __future__ import annotations
+
+import ast
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGE, KERNELS = ROOT / "fpsim", ROOT / "kernels"
+
+# Rank of each stage in the data flow: a module may import its own stage or a lower rank.
+STAGES = {
+    "fpsim._compiled": 0,
+    "fpsim.trace": 0,
+    "fpsim.formats": 0,
+    "fpsim.emulate": 1,
+    "fpsim.accumulate": 2,
+    "fpsim.optim": 2,
+    "fpsim.analysis": 3,
+    "fpsim.replay": 4,
+    "fpsim.kernels": 5,
+    "fpsim.distributed": 5,
+    "fpsim.report": 6,
+    "fpsim.cli": 7,
+    "fpsim": 8,  # the package's __init__: the public API re-exports every stage
+}
+HEAVY = ("numba", "torch", "triton", "jax", "pandas", "matplotlib", "dask")
+
+
+def _modules() -> dict[str, Path]:
+    """Every module of fpsim (kernels/ as fpsim.kernels) by dotted name."""
+    out = {}
+    for base, prefix in ((PACKAGE, ["fpsim"]), (KERNELS, ["fpsim", "kernels"])):
+        for path in sorted(base.rglob("*.py")):
+            parts = [*prefix, *path.relative_to(base).with_suffix("").parts]
+            if parts[-1] == "__init__":
+                parts = parts[:-1]
+            out[".".join(parts)] = path
+    return out
+
+
+MODULES = _modules()
+
+
+def _imports(name: str, path: Path) -> set[str]:
+    """The fpsim modules ``name`` imports anywhere in its file (module level or inside a
+    function): ``from . import x`` counts as an import of the submodule ``x`` where one exists."""
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            found.update(a.name for a in node.names if a.name.split(".")[0] == "fpsim")
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.split(".")
+                base = base[: len(base) - (node.level - 1)]
+                target = ".".join([*base, *([node.module] if node.module else [])])
+            else:
+                target = node.module or ""
+            if target.split(".")[0] != "fpsim":
+                continue
+            subs = [f"{target}.{a.name}" for a in node.names if f"{target}.{a.name}" in MODULES]
+            found.update(subs or [target])
+            if len(subs) < len(node.names):
+                found.add(target)
+    return {m for m in found if m in MODULES and m != name}
+
+
+GRAPH = {name: _imports(name, path) for name, path in MODULES.items()}
+
+
+def _stage(module: str) -> str:
+    return max((s for s in STAGES if module == s or module.startswith(s + ".")), key=len)
+
+
+def test_top_level_has_at_most_12_entries():
+    entries = sorted(p.name for p in PACKAGE.iterdir() if p.name != "__pycache__")
+    assert len(entries) <= 12, entries
+
+
+@pytest.mark.parametrize("name", sorted(MODULES))
+def test_module_is_at_most_600_lines(name):
+    lines = MODULES[name].read_text().count("\n")
+    assert lines <= 600, f"{MODULES[name].relative_to(ROOT)}: {lines} lines"
+
+
+def test_imports_point_down_the_data_flow():
+    upward = [
+        f"{a} -> {b}"
+        for a, targets in GRAPH.items()
+        for b in targets
+        if STAGES[_stage(a)] < STAGES[_stage(b)]
+    ]
+    assert not upward, upward
+
+
+def test_the_emulator_never_imports_a_kernel():
+    users = sorted(a for a, t in GRAPH.items() if any(_stage(b) == "fpsim.kernels" for b in t))
+    assert all(_stage(a) in ("fpsim.kernels", "fpsim.cli") for a in users), users
+
+
+def test_no_import_cycle():
+    """Depth-first search for a back edge; the message names the cycle."""
+    state: dict[str, int] = {}
+    stack: list[str] = []
+
+    def visit(m: str) -> list[str] | None:
+        state[m] = 1
+        stack.append(m)
+        for n in sorted(GRAPH[m]):
+            if state.get(n) == 1:
+                return [*stack[stack.index(n) :], n]
+            if n not in state and (cycle := visit(n)):
+                return cycle
+        stack.pop()
+        state[m] = 2
+        return None
+
+    for m in sorted(GRAPH):
+        if m not in state:
+            cycle = visit(m)
+            assert cycle is None, " -> ".join(cycle)
+
+
+def test_a_cycle_is_found(monkeypatch):
+    """The cycle check can fail: two modules importing each other."""
+    monkeypatch.setitem(GRAPH, "fpsim.formats.element", {"fpsim.formats.block"})
+    with pytest.raises(AssertionError, match="fpsim.formats.block -> fpsim.formats.element"):
+        test_no_import_cycle()
+
+
+def test_import_fpsim_loads_no_heavy_dependency():
+    code = f"import sys, fpsim; print([m for m in {HEAVY!r} if m in sys.modules])"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]", out.stdout
+
+
+def test_no_file_cites_a_missing_document():
+    cited = ("DESIGN.md", "REFERENCE.md")
+    files = [*PACKAGE.rglob("*.py"), *KERNELS.rglob("*.py"), *(ROOT / "tests").rglob("*.py")]
+    files += [*(ROOT / "notebooks").glob("*.ipynb"), *(ROOT / "benchmarks").glob("*.py")]
+    here = Path(__file__).resolve()
+    bad = [
+        str(p.relative_to(ROOT))
+        for p in files
+        if p.resolve() != here and any(c in p.read_text() for c in cited)
+    ]
+    assert not bad, bad
