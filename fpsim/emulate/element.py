@@ -240,8 +240,3 @@ def is_ml_float(dt: np.dtype) -> bool:
     except (TypeError, ValueError):
         return False
     return dt.itemsize <= 2
-
-
-# fpsim.accumulate imports these two by their old names; it should use the public ones.
-_as_float_array = as_float_array
-_is_ml_float = is_ml_float
