@@ -31,7 +31,7 @@ import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from functools import partial
-from typing import ClassVar, NamedTuple
+from typing import Any, ClassVar, NamedTuple
 
 import numpy as np
 
@@ -111,8 +111,8 @@ def _fma(a, b, c) -> tuple[np.ndarray]:
     return (o,)
 
 
-def _compiled_step(scalars: tuple, name: str, ins: tuple, outs: tuple | None) -> tuple | None:
-    """The step by the compiled loop ``name`` of :mod:`fpsim._compiled.loops` (same bits; the
+def _compiled_step(loop: Callable[..., Any], scalars: tuple, ins: tuple, outs: tuple | None) -> tuple | None:
+    """The step by ``loop``, a compiled loop of :mod:`fpsim._compiled.loops` (same bits; the
     caller chose :attr:`Backend.COMPILED`), or None to use numpy: an array is not a float32
     C-contiguous array of ``ins[0]``'s shape, or an output overlaps an input."""
     shape = np.shape(ins[0])
@@ -126,7 +126,7 @@ def _compiled_step(scalars: tuple, name: str, ins: tuple, outs: tuple | None) ->
         return None
     if any(np.shares_memory(o, a) for o in outs for a in ins):
         return None
-    getattr(_compiled.load(), name)(*flat_in, *flat_out, *scalars)
+    loop(*flat_in, *flat_out, *scalars)
     return tuple(outs)
 
 
@@ -240,7 +240,7 @@ class Adam(Optimizer):
         ins = (p, g, states["exp_avg"], states["exp_avg_sq"])
         sc = self.scalars(lr, t)
         fast = Backend.resolve(backend) is Backend.COMPILED and self.sqrt is Sqrt.IEEE
-        p, m, v = (fast and _compiled_step(sc, "adam", ins, outs)) or _chunked(
+        p, m, v = (fast and _compiled_step(_compiled.load().adam, sc, ins, outs)) or _chunked(
             partial(_adam_step, sc=sc, sqrt=self.sqrt.function()), *ins, out=outs
         )
         return p, {"exp_avg": m, "exp_avg_sq": v}
@@ -313,7 +313,7 @@ class SGD(Optimizer):
         ins = (p, g, g if first else buf)
         sc = (first, bool(self.weight_decay), _F32(self.weight_decay), _F32(self.momentum), _F32(-lr))
         fast = Backend.resolve(backend) is Backend.COMPILED
-        p, buf = (fast and _compiled_step(sc, "sgd", ins, outs)) or _chunked(
+        p, buf = (fast and _compiled_step(_compiled.load().sgd, sc, ins, outs)) or _chunked(
             partial(_sgd_step, sc=sc), *ins, out=outs
         )
         return p, {"momentum_buffer": buf}
