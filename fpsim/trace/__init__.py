@@ -18,16 +18,26 @@ A folder with ``manifest.json`` and one safetensors file per step, ``step_000012
      "steps": [
       {"step": 12, "file": "step_000012.safetensors",
        "loss": 0.731, "lr": 0.001,             # number, null, or "NaN"/"Infinity"/"-Infinity"
+       "update": 12,                           # optional: the optimizer's update count
+       "skipped": true,                        # optional, only when true
        "tensors": [{"key": "grad:layer.weight", "name": "layer.weight", "role": "grad",
                     "shape": [64, 32], "dtype": "float32"}, ...]},
       ...]
     }
 
-Steps are listed in increasing order, each once. A tensor's key in its safetensors file is
+Steps are listed in increasing order, each once. ``update`` (optional, an integer >= 1) is
+the 1-based number of the optimizer update this step's gradients feed (the ``t`` of Adam's
+bias correction): the updates done before the step plus one, as :class:`TorchCapture` reads
+it from the optimizer; ``skipped`` (optional, true when present) says that the recorded run
+did not apply this update (a loss scaler found inf/NaN), so the next step has the same
+``update``. A trace without ``update`` counts is replayed with its step numbers as update
+counts (:mod:`fpsim.replay`). The step number itself is the training loop's own counter
+(0-based ``enumerate`` is fine). A tensor's key in its safetensors file is
 ``"<role>:<name>"``; dtypes are float32, float16, bfloat16, float64, float8_e4m3fn,
 float8_e5m2 (safetensors codes F32, F16, BF16, F64, F8_E4M3, F8_E5M2), also float8_e8m0fnu,
 integer and bool tensors, whose :attr:`TensorEntry.dtype` says they are not floats. A step
-file's ``__metadata__`` repeats the step (``fpsim_trace_step``) and its loss and lr, so a
+file's ``__metadata__`` repeats the step (``fpsim_trace_step``) and its loss, lr, update and
+skipped flag, so a
 folder of step files also opens without its manifest. Byte order is little-endian; data is
 C-ordered and 8-byte aligned.
 

@@ -10,10 +10,20 @@ PyTorch::
             cap.step(step, loss=loss)  # after backward(), before opt.step() and zero_grad()
             opt.step()
 
-JAX::
+With a ``torch.amp.GradScaler``, pass ``scaler=scaler``: the recorded gradients are the
+unscaled ones and a step the scaler skips is marked ``skipped``::
+
+    scaler.scale(loss).backward()
+    cap.step(step, loss=loss)  # unscales the gradients (scaler.unscale_) unless done already
+    scaler.step(opt)
+    scaler.update()
+
+JAX (optax's Adam state: ``opt_state[0]`` of ``optax.adamw``, a ``ScaleByAdamState``)::
 
     grads = jax.grad(loss_fn)(params, batch)
-    writer = capture_jax("runs/trace", step, grads, params=params, loss=loss)
+    adam = opt_state[0]
+    writer = capture_jax("runs/trace", step, grads, params=params, loss=loss,
+                         states={"mu": adam.mu, "nu": adam.nu}, update=int(adam.count) + 1)
 
 torch and jax are imported only inside the functions that use them.
 """
@@ -59,6 +69,13 @@ class TorchCapture:
       entries are not recorded. Parameters are named as in ``model.named_parameters()``
       (an optimizer parameter the model does not have is named ``param_groups.<g>.<i>``).
 
+    Each recorded step also gets the optimizer's update count (``update``: the updates done
+    before the call plus one, the ``t`` of Adam's bias correction, which the replay uses): the
+    ``step`` of the optimizer's state where it keeps one (Adam, AdamW), else the updates
+    counted by a step hook since the capture began. A step skipped by a loss scaler does not
+    advance it, as in torch. Without ``optimizer`` no count is recorded (the replay then takes
+    the step numbers, which must be 1-based update counts).
+
     Tensors keep their dtype and bits (bfloat16/float8 via ml_dtypes) and are written
     synchronously, so the copy on disk is the value at the time of the call.
 
@@ -71,6 +88,10 @@ class TorchCapture:
             ``optimizer.param_groups[0]["lr"]`` when :meth:`step` gets no ``lr``.
         metadata: extra free-form metadata; ``torch_version``, ``model``, ``optimizer`` and
             ``every`` are added automatically.
+        scaler: the loop's ``torch.amp.GradScaler`` (needs ``optimizer``): :meth:`step` calls
+            ``scaler.unscale_(optimizer)`` unless the loop already did, records the unscaled
+            gradients (torch's own, bit for bit) and marks the step ``skipped`` when the scaler
+            found inf/NaN (then ``scaler.step`` will not call ``optimizer.step()``).
     """
 
     def __init__(
@@ -81,6 +102,7 @@ class TorchCapture:
         params: bool = False,
         optimizer: Any = None,
         metadata: Mapping[str, Any] | None = None,
+        scaler: Any = None,
     ):
         import torch
 
@@ -95,9 +117,18 @@ class TorchCapture:
             "optimizer": None if optimizer is None else type(optimizer).__name__,
             "every": every,
         }
+        if scaler is not None and optimizer is None:
+            raise ValueError("scaler= needs optimizer= (the scaler unscales that optimizer's gradients)")
         meta.update(metadata or {})
         self.model, self.every, self.params, self.optimizer = model, every, bool(params), optimizer
+        self.scaler = scaler
+        self._hooked_updates = 0
+        self._hook = None if optimizer is None else optimizer.register_step_post_hook(self._count_update)
+        self._start_count = 0 if optimizer is None else _state_count(optimizer)
         self.writer = TraceWriter(path, metadata=meta)
+
+    def _count_update(self, optimizer: Any, args: Any, kwargs: Any) -> None:
+        self._hooked_updates += 1
 
     @property
     def path(self) -> Path:
@@ -116,6 +147,7 @@ class TorchCapture:
             raise ValueError(f"step must be an int, got {step!r}")
         if step % self.every:
             return False
+        skipped = self._unscale() if self.scaler is not None else False
         named = list(self.model.named_parameters())
         tensors: dict[str, dict[str, Any]] = {
             "grad": {name: p.grad for name, p in named if p.grad is not None}
@@ -134,11 +166,34 @@ class TorchCapture:
                 lr = self.optimizer.param_groups[0]["lr"]
         if is_torch_tensor(loss):
             loss = loss.detach().float().cpu().item()
-        self.writer.write_step(step, tensors, loss=loss, lr=lr)
+        update = None if self.optimizer is None else self._update_count()
+        self.writer.write_step(step, tensors, loss=loss, lr=lr, update=update, skipped=skipped)
         return True
 
+    def _update_count(self) -> int:
+        """The number of the optimizer update this step feeds (1-based)."""
+        counted = _state_count(self.optimizer)
+        if counted:  # the optimizer's own count (Adam, AdamW): exact, also mid-run
+            return counted + 1
+        return self._start_count + self._hooked_updates + 1
+
+    def _unscale(self) -> bool:
+        """Unscale the gradients as the scaler does (unless the loop did); whether it found inf/NaN."""
+        from torch.amp.grad_scaler import OptState
+
+        if not self.scaler.is_enabled():
+            return False
+        state = self.scaler._per_optimizer_states[id(self.optimizer)]
+        if state["stage"] is OptState.READY:
+            self.scaler.unscale_(self.optimizer)
+        found = state.get("found_inf_per_device", {})
+        return bool(sum(float(v.item()) for v in found.values()))
+
     def close(self) -> None:
-        """Close the writer (every recorded step is already on disk)."""
+        """Close the writer (every recorded step is already on disk) and drop the step hook."""
+        if self._hook is not None:
+            self._hook.remove()
+            self._hook = None
         self.writer.close()
 
     def __enter__(self) -> TorchCapture:
@@ -150,6 +205,16 @@ class TorchCapture:
         self.close()
 
 
+def _state_count(optimizer: Any) -> int:
+    """The largest ``step`` in the optimizer's per-parameter state (0 when none keeps one)."""
+    counts = [
+        int(state["step"].item() if is_torch_tensor(state["step"]) else state["step"])
+        for state in optimizer.state.values()
+        if isinstance(state, Mapping) and "step" in state
+    ]
+    return max(counts, default=0)
+
+
 def capture_jax(
     writer_or_path: TraceWriter | str | os.PathLike[str],
     step: int,
@@ -158,6 +223,8 @@ def capture_jax(
     loss: Any = None,
     lr: Any = None,
     states: Mapping[str, Any] | None = None,
+    update: int | None = None,
+    skipped: bool = False,
 ) -> TraceWriter:
     """Record one step of JAX gradients (a pytree) into a trace.
 
@@ -175,7 +242,11 @@ def capture_jax(
         loss: the step's loss (a number or 0-d array), or None.
         lr: the learning rate, or None.
         states: optional optimizer state, state name -> pytree, e.g.
-            ``{"mu": adam_state.mu, "nu": adam_state.nu}`` (roles ``"state.mu"``, ``"state.nu"``).
+            ``{"mu": adam_state.mu, "nu": adam_state.nu}`` (roles ``"state.mu"``, ``"state.nu"``;
+            the replay reads optax's ``mu``/``nu`` as Adam's ``exp_avg``/``exp_avg_sq``).
+        update: the optimizer update this step feeds, 1-based: ``int(adam_state.count) + 1``
+            with optax's state from before the update (None: not recorded).
+        skipped: the run did not apply this update (e.g. optax's ``apply_if_finite``).
 
     Returns:
         The writer used.
@@ -186,7 +257,7 @@ def capture_jax(
         tensors["param"] = _flatten_pytree(params)
     for key, tree in (states or {}).items():
         tensors[f"state.{key}"] = _flatten_pytree(tree)
-    writer.write_step(step, tensors, loss=loss, lr=lr)
+    writer.write_step(step, tensors, loss=loss, lr=lr, update=update, skipped=skipped)
     return writer
 
 

@@ -19,8 +19,9 @@ keys with dots (``{"fc": {"weight": g}}`` -> gradient ``fc.weight``). Top-level 
 ``"lr"`` entries holding one number (a Python number or a one-element tensor/array) become
 the step's loss and learning rate, and a ``"step"`` integer must agree with the file name
 (or numbers the step when the name has no integer). Anything else that is not a tensor is
-an error, never skipped. In ``.safetensors`` files, ``__metadata__`` entries ``"loss"`` and
-``"lr"`` are read too.
+an error, never skipped. In ``.safetensors`` files, ``__metadata__`` entries ``"loss"``,
+``"lr"``, ``"update"`` and ``"skipped"`` (as :class:`~fpsim.trace.TraceWriter` writes them)
+are read too.
 
 ``.pt`` files are loaded only with ``torch.load(f, weights_only=True, map_location="cpu")``
 (memory-mapped where the file format allows), once when the trace is opened to index them
@@ -59,6 +60,7 @@ from .reader import (
     TensorEntry,
     Trace,
     check_role,
+    parse_update,
 )
 from .reader import load_manifest_trace as _load_manifest_trace
 from .safetensors_io import read_header
@@ -179,6 +181,8 @@ class _Indexed:
     lr: float | None
     step: int | None  # from the file's contents
     source: Source
+    update: int | None = None
+    skipped: bool = False
 
 
 def _build(path: Path, files: list[tuple[Path, str, int | None]]) -> Trace:
@@ -196,7 +200,7 @@ def _build(path: Path, files: list[tuple[Path, str, int | None]]) -> Trace:
         if step in owner:
             raise TraceError(f"{file}: step {step} is also the step of {owner[step].name}")
         owner[step] = file
-        rec = StepRecord(step, idx.loss, idx.lr)
+        rec = StepRecord(step, idx.loss, idx.lr, update=idx.update, skipped=idx.skipped)
         seen: set[str] = set()
         for role, name, shape, dtype in idx.tensors:
             key = f"{role}:{name}"
@@ -249,9 +253,13 @@ def _index_safetensors(file: Path) -> _Indexed:
     try:
         loss = parse_float(json.loads(meta["loss"]), f"{where} loss") if "loss" in meta else None
         lr = parse_float(json.loads(meta["lr"]), f"{where} lr") if "lr" in meta else None
+        update = parse_update(json.loads(meta["update"]), f"{where} update") if "update" in meta else None
+        skipped = json.loads(meta.get("skipped", "false"))
     except json.JSONDecodeError as e:
-        raise TraceError(f"{where}: loss/lr is not a number: {e}") from None
-    return _Indexed(tensors, loss, lr, None, SafetensorsSource(header, keys))
+        raise TraceError(f"{where}: loss/lr/update/skipped is not JSON: {e}") from None
+    if not isinstance(skipped, bool):
+        raise TraceError(f"{where}: 'skipped' must be true or false, got {skipped!r}")
+    return _Indexed(tensors, loss, lr, None, SafetensorsSource(header, keys), update, skipped)
 
 
 # --- torch .pt ------------------------------------------------------------------------------

@@ -35,6 +35,7 @@ __all__ = [
     "manifest_entries",
     "manifest_steps",
     "parse_manifest",
+    "parse_update",
     "read_manifest",
     "step_file_name",
 ]
@@ -130,6 +131,8 @@ class StepRecord:
     loss: float | None
     lr: float | None
     entries: list[TensorEntry] = field(default_factory=list)
+    update: int | None = None
+    skipped: bool = False
 
 
 class Trace:
@@ -187,6 +190,14 @@ class Trace:
     def lr(self, step: int) -> float | None:
         """The learning rate recorded for ``step`` (None if none was recorded)."""
         return self._record(step).lr
+
+    def update(self, step: int) -> int | None:
+        """The optimizer update count recorded for ``step`` (1-based; None if none was recorded)."""
+        return self._record(step).update
+
+    def skipped(self, step: int) -> bool:
+        """Whether the recorded run skipped ``step``'s update (loss scaling found inf/NaN)."""
+        return self._record(step).skipped
 
     def entries(self, step: int | None = None, role: str | None = None) -> list[TensorEntry]:
         """The tensor entries, by step then in file order, optionally of one step and/or role.
@@ -311,9 +322,33 @@ class ManifestStep:
         """The recorded learning rate (see :func:`~fpsim.trace.jsonvalues.parse_float`)."""
         return parse_float(self.item.get("lr"), self.where)
 
+    def update(self) -> int | None:
+        """The recorded optimizer update count (an integer >= 1, or None when not recorded)."""
+        return parse_update(self.item.get("update"), self.where)
+
+    def skipped(self) -> bool:
+        """The recorded ``skipped`` flag (absent: False)."""
+        value = self.item.get("skipped", False)
+        if not isinstance(value, bool):
+            raise TraceError(f"{self.where}: 'skipped' must be true or false, got {value!r}")
+        return value
+
     def entries(self, file: Path) -> list[TensorEntry]:
         """The listed tensors as entries held by ``file`` (see :func:`manifest_entries`)."""
         return manifest_entries(self.item.get("tensors"), self.where, self.step, file)
+
+
+def parse_update(value: Any, where: str) -> int | None:
+    """An optimizer update count from JSON: an integer >= 1, or null/absent (None).
+
+    Raises:
+        TraceError: anything else, prefixed with ``where``.
+    """
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise TraceError(f"{where}: 'update' must be an integer >= 1 (an update count), got {value!r}")
+    return value
 
 
 def manifest_steps(manifest: Mapping[str, Any], where: str) -> Iterator[ManifestStep]:
@@ -367,7 +402,7 @@ def load_manifest_trace(folder: Path) -> Trace:
         file = folder / ms.file
         if not file.is_file():
             raise TraceError(f"{file}: step file listed in {mpath} (step {ms.step}) is missing")
-        record = StepRecord(ms.step, ms.loss(), ms.lr())
+        record = StepRecord(ms.step, ms.loss(), ms.lr(), update=ms.update(), skipped=ms.skipped())
         header = read_header(file)
         record.entries = ms.entries(file)
         _check_header(file, header, record.entries)

@@ -104,6 +104,8 @@ class TraceWriter:
         tensors: Mapping[str, Mapping[str, Any]],
         loss: float | None = None,
         lr: float | None = None,
+        update: int | None = None,
+        skipped: bool = False,
     ) -> Path:
         """Record one step atomically and return its file.
 
@@ -116,14 +118,20 @@ class TraceWriter:
                 arrays are stored too). Bits are stored unchanged.
             loss: the step's loss (a number, a 0-d array/tensor, or None).
             lr: the step's learning rate (or None).
+            update: the 1-based number of the optimizer update this step's gradients feed
+                (updates done before it plus one), or None when not known.
+            skipped: the run did not apply this update (a loss scaler found inf/NaN).
 
         Raises:
-            ValueError: bad step number, role or name.
+            ValueError: bad step number, role, name, update count or skipped flag.
             TypeError: an array of a dtype safetensors cannot hold (e.g. complex).
         """
         if self._closed:
             raise ValueError(f"TraceWriter for {self.path} is closed")
         step = _check_step(step, self.steps)
+        update = _check_update(update, self._steps)
+        if not isinstance(skipped, bool):
+            raise ValueError(f"skipped must be True or False, got {skipped!r}")
         if not isinstance(tensors, Mapping):
             raise TypeError(f"tensors must map role -> name -> array, got {type(tensors).__name__}")
         arrays: dict[str, np.ndarray] = {}
@@ -148,10 +156,13 @@ class TraceWriter:
         loss_v, lr_v = json_float(_scalar(loss, "loss")), json_float(_scalar(lr, "lr"))
         fname = step_file_name(step)
         meta = {"fpsim_trace_step": str(step)}
-        meta.update({k: json.dumps(v) for k, v in (("loss", loss_v), ("lr", lr_v)) if v is not None})
+        counts = (("update", update), ("skipped", skipped or None))
+        meta.update({k: json.dumps(v) for k, v in (("loss", loss_v), ("lr", lr_v), *counts) if v is not None})
         final = self.path / fname
         self._atomic(final, lambda tmp: write_safetensors(tmp, arrays, meta, fsync=True))
-        item = {"step": step, "file": fname, "loss": loss_v, "lr": lr_v, "tensors": listing}
+        item = {"step": step, "file": fname, "loss": loss_v, "lr": lr_v}
+        item.update({k: v for k, v in counts if v is not None})
+        item["tensors"] = listing
         self._write_manifest([*self._steps, item])
         self._steps.append(item)
         return final
@@ -227,6 +238,18 @@ def _check_step(step: Any, existing: list[int]) -> int:
     if existing and step < max(existing):
         raise ValueError(f"steps must increase: the last step in the trace is {max(existing)}, got {step}")
     return step
+
+
+def _check_update(update: Any, written: list[dict[str, Any]]) -> int | None:
+    """``update`` as an int >= 1 (or None), not below the last recorded step's count."""
+    if update is None:
+        return None
+    if isinstance(update, bool) or not isinstance(update, (int, np.integer)) or update < 1:
+        raise ValueError(f"update must be an integer >= 1 (an update count) or None, got {update!r}")
+    last = next((item["update"] for item in reversed(written) if item.get("update") is not None), None)
+    if last is not None and update < last:
+        raise ValueError(f"update counts must not decrease: the last recorded one is {last}, got {update}")
+    return int(update)
 
 
 def _scalar(value: Any, what: str) -> float | None:

@@ -1,0 +1,106 @@
+"""The optimizer's update count (and the skipped flag) in the trace: written, read back,
+validated, and recorded by TorchCapture from the optimizer itself."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from fpsim.trace import TraceError, TraceWriter, open_trace
+
+G = {"grad": {"w": np.ones(3, np.float32)}}
+
+
+def test_update_and_skipped_round_trip(tmp_path):
+    with TraceWriter(tmp_path / "t") as w:
+        w.write_step(0, G, update=1)
+        w.write_step(1, G, update=2, skipped=True)
+        w.write_step(2, G, update=2)
+        w.write_step(3, G)
+    tr = open_trace(tmp_path / "t")
+    assert [tr.update(s) for s in tr.steps] == [1, 2, 2, None]
+    assert [tr.skipped(s) for s in tr.steps] == [False, True, False, False]
+    items = json.loads((tmp_path / "t" / "manifest.json").read_text())["steps"]
+    assert "skipped" not in items[0] and items[1]["skipped"] is True and "update" not in items[3]
+    # a folder of the step files alone (no manifest) keeps them: they are in __metadata__ too
+    (tmp_path / "t" / "manifest.json").unlink()
+    files = open_trace(tmp_path / "t")
+    assert [files.update(s) for s in files.steps] == [1, 2, 2, None]
+    assert [files.skipped(s) for s in files.steps] == [False, True, False, False]
+
+
+@pytest.mark.parametrize("bad", [0, -1, 1.5, True, "3"])
+def test_writer_refuses_bad_update(tmp_path, bad):
+    with TraceWriter(tmp_path / "t") as w, pytest.raises(ValueError, match="update must be an integer >= 1"):
+        w.write_step(0, G, update=bad)
+
+
+def test_writer_refuses_decreasing_update_and_bad_skipped(tmp_path):
+    with TraceWriter(tmp_path / "t") as w:
+        w.write_step(0, G, update=5)
+        with pytest.raises(ValueError, match="must not decrease: the last recorded one is 5, got 4"):
+            w.write_step(1, G, update=4)
+        with pytest.raises(ValueError, match="skipped must be True or False"):
+            w.write_step(1, G, update=6, skipped=1)
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "message"), [("update", 0, "'update' must be"), ("skipped", 1, "'skipped'")]
+)
+def test_reader_refuses_bad_fields(tmp_path, field, value, message):
+    with TraceWriter(tmp_path / "t") as w:
+        w.write_step(0, G, update=1)
+    path = tmp_path / "t" / "manifest.json"
+    manifest = json.loads(path.read_text())
+    manifest["steps"][0][field] = value
+    path.write_text(json.dumps(manifest))
+    with pytest.raises(TraceError, match=message):
+        open_trace(tmp_path / "t")
+
+
+torch = pytest.importorskip("torch")
+
+
+def _loop(tmp_path, opt_cls, steps, *, scaler_kw=None, overflow=()):
+    """A 0-based enumerate loop as the README writes it; returns the trace and the optimizer's
+    own update counts before each step (Adam: state['step'])."""
+    from fpsim.trace import TorchCapture
+
+    torch.manual_seed(0)
+    model = torch.nn.Linear(3, 2)
+    opt = opt_cls(model.parameters(), lr=0.1)
+    scaler = torch.amp.GradScaler("cpu", **scaler_kw) if scaler_kw is not None else None
+    with TorchCapture(model, tmp_path / "t", params=True, optimizer=opt, scaler=scaler) as cap:
+        for step in range(steps):
+            opt.zero_grad()
+            loss = model(torch.ones(1, 3)).sum() * (1e38 if step in overflow else 1.0)
+            if scaler is None:
+                loss.backward()
+                cap.step(step, loss=loss)
+                opt.step()
+            else:
+                scaler.scale(loss).backward()
+                cap.step(step, loss=loss)
+                scaler.step(opt)
+                scaler.update()
+    return open_trace(tmp_path / "t")
+
+
+@pytest.mark.parametrize("opt_cls", [lambda p, lr: torch.optim.AdamW(p, lr=lr), torch.optim.SGD])
+def test_torch_capture_records_update_counts_of_a_zero_based_loop(tmp_path, opt_cls):
+    tr = _loop(tmp_path, opt_cls, 4)
+    assert tr.steps == [0, 1, 2, 3]
+    assert [tr.update(s) for s in tr.steps] == [1, 2, 3, 4]
+    assert not any(tr.skipped(s) for s in tr.steps)
+
+
+def test_torch_capture_with_grad_scaler_records_unscaled_grads_and_skips(tmp_path):
+    """Steps 1 and 2 overflow (scaled loss 1e38 * 2**10): torch skips optimizer.step(), the
+    count stays; the recorded gradients are the unscaled ones."""
+    tr = _loop(tmp_path, torch.optim.AdamW, 5, scaler_kw={"init_scale": 2.0**10}, overflow={1, 2})
+    assert [tr.update(s) for s in tr.steps] == [1, 2, 2, 2, 3]
+    assert [tr.skipped(s) for s in tr.steps] == [False, True, True, False, False]
+    g = tr.read(tr.entry(0, "bias", "grad"))
+    np.testing.assert_array_equal(g, np.ones(2, np.float32))  # d(sum)/d(bias), unscaled
