@@ -18,13 +18,18 @@ TE's default update path) and ``transformer_engine/pytorch/quantization.py``:
 3. ``scale = f32(f32(fp8_max * 2**-margin) / amax)`` when the amax is finite and positive,
    else the previous scale is kept; an infinite scale becomes FLT_MAX. The new scale is used
    by the *next* cast; the first step uses scale 1.
+
+An FP8 scaling policy of one's own, for ``ReplayConfig(grad_delayed=...)``, is any object
+that :class:`FP8ScalingPolicy` describes: an ``element`` format, ``init()`` (one state per
+tensor) and ``step(state, g) -> (encoded, new_state)``, where the replay engine decodes
+``encoded.codes`` in ``element`` and multiplies by ``encoded.scales.view(float32)[0]``.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol, TypeVar, runtime_checkable
 
 import numpy as np
 
@@ -33,9 +38,38 @@ from . import element
 from .blocks import BlockCodes, float32_input
 from .random import stochastic_words
 
-__all__ = ["DelayedScaling", "DelayedState"]
+__all__ = ["DelayedScaling", "DelayedState", "EncodedTensor", "FP8ScalingPolicy"]
 
 _F32 = np.float32
+
+StateT = TypeVar("StateT")
+
+
+class EncodedTensor(Protocol):
+    """One tensor cast by a scaling policy (e.g. :class:`~fpsim.emulate.blocks.BlockCodes`):
+    ``codes``, element codes in the policy's ``element`` format, the tensor's shape; ``scales``,
+    a numpy array whose first element is the float32 decode multiplier (its uint32 bit pattern,
+    or a float32)."""
+
+    @property
+    def codes(self) -> np.ndarray: ...
+
+    @property
+    def scales(self) -> np.ndarray: ...
+
+
+@runtime_checkable
+class FP8ScalingPolicy(Protocol[StateT]):
+    """Per-tensor scaling of a gradient as the replay engine drives it: ``init()`` once per
+    tensor, then per step ``step(state, g)`` with ``g`` a float32 array, returning the cast
+    tensor and the next state. :class:`DelayedScaling` is one."""
+
+    @property
+    def element(self) -> Format | str: ...
+
+    def init(self) -> StateT: ...
+
+    def step(self, state: StateT, x: Any, /) -> tuple[EncodedTensor, StateT]: ...
 
 
 @dataclass(frozen=True)
