@@ -319,7 +319,10 @@ def _start(cfg: ReplayConfig, params, ref_states, env: _Env) -> _Run:
         p, fmt = params[name], run.master_format[name]
         exact = fmt.name == "float32" and not np.isnan(p).any()  # (quantize makes NaNs quiet)
         master = p.copy() if exact else quantize(p, fmt, RoundMode.NEAREST_EVEN, backend)
-        states = {st: store_and_load(cfg, st, ref_states[name][st], backend) for st in env.optimizer.states}
+        states = {
+            st: store_and_load(cfg.state_storage(st, name, p.size), ref_states[name][st], backend)
+            for st in env.optimizer.states
+        }
         return master, states
 
     for name, (master, states) in zip(params, env.pool.map(first, list(params))):
@@ -384,8 +387,8 @@ def _fused_steps(run: _Run, env: _Env, step: int, lr: float, grads, ref_new) -> 
     piece in the thread pool (a large tensor is not left to one thread)."""
     plans = {}
     for name, g in grads.items():
-        formats = {st: run.cfg.state_format(st) for st in run.states[name]}
-        if all(is_quantized(run.cfg, f, g.size) for f in formats.values()):
+        formats = {st: run.cfg.state_storage(st, name, g.size) for st in run.states[name]}
+        if all(is_quantized(f) for f in formats.values()):
             stored, p, ref = run.states[name], run.master[name], ref_new[name][1]
             pl = _fused.plan(env.optimizer, formats, stored, p, g, ref, env.backend)
             if pl is not None:
@@ -434,7 +437,8 @@ def _new_states(run: _Run, env: _Env, name, step, lr, g, s_ref, fused, s: Stats)
     backend = env.backend
     loaded = _loaded(run, name, backend)
     p_f32, exact = env.optimizer.step(run.master[name], g, loaded, lr, step, backend=backend)
-    stored = {st: store_and_load(run.cfg, st, v, backend) for st, v in exact.items()}
+    storage = {st: run.cfg.state_storage(st, name, v.size) for st, v in exact.items()}
+    stored = {st: store_and_load(storage[st], v, backend) for st, v in exact.items()}
     run.states[name] = {st: enc for st, (enc, _) in stored.items()}
     run.loaded[name] = {st: val for st, (_, val) in stored.items()}
     for st, v in run.loaded[name].items():
@@ -447,5 +451,7 @@ def _loaded(run: _Run, name: str, backend: Backend) -> dict[str, np.ndarray]:
     """The float32 values of a tensor's stored states (decoded when the fused step left only
     the codes)."""
     if run.loaded.get(name) is None:
-        run.loaded[name] = {st: load_state(run.cfg, st, enc, backend) for st, enc in run.states[name].items()}
+        n = run.master[name].size
+        storage = {st: run.cfg.state_storage(st, name, n) for st in run.states[name]}
+        run.loaded[name] = {st: load_state(storage[st], enc, backend) for st, enc in run.states[name].items()}
     return run.loaded[name]

@@ -3,7 +3,8 @@
 rounding of the master copy (nearest-even or stochastic, optionally with Kahan compensation).
 
 On :attr:`fpsim.Backend.COMPILED`, 8-bit block states take the fused step's encoder and decoder
-(:mod:`fpsim.replay.fused`) and the roundings to bfloat16 and float16 the loops ``bf16_round``
+(:mod:`fpsim.replay.fused`), torchao's state formats the encoder of :mod:`fpsim.replay.qmap`
+(numpy), and the roundings to bfloat16 and float16 the loops ``bf16_round``
 and ``f16_round`` of :mod:`fpsim._compiled.loops` (same bits; tests/replay/test_compiled.py
 compares them with the emulator).
 """
@@ -24,6 +25,7 @@ from ..emulate.random import SEED_MULTIPLIER, random_bits_at
 from ..formats import BlockFormat, Format, RoundMode, get_format
 from . import fused as _fused
 from .config import ReplayConfig, StateFormat
+from .qmap import QMapBlocks, decode_qmap, encode_qmap
 
 __all__ = ["is_quantized", "load_state", "quantize", "round_master", "store_and_load"]
 
@@ -33,18 +35,22 @@ _BF16 = get_format("bfloat16")
 _BF16_MODES = (RoundMode.NEAREST_EVEN, RoundMode.STOCHASTIC)
 
 
-def is_quantized(cfg: ReplayConfig, fmt: StateFormat, size: int) -> bool:
-    """Whether a state of ``size`` elements is stored in ``fmt`` (else as float32)."""
-    return size >= cfg.min_quantized_size and not (isinstance(fmt, Format) and fmt.name == "float32")
+def is_quantized(fmt: StateFormat) -> bool:
+    """Whether a state whose storage is ``fmt`` (:meth:`ReplayConfig.state_storage`) is stored
+    in a low-precision form (else as float32)."""
+    return not (isinstance(fmt, Format) and fmt.name == "float32")
 
 
-def store_and_load(cfg: ReplayConfig, st: str, x: np.ndarray, backend: Backend) -> tuple[Any, np.ndarray]:
-    """The stored form of state ``st`` and its float32 values, in one pass: block recipes as
-    codes (by the fused step's own encoder where it covers the recipe), element formats as
+def store_and_load(fmt: StateFormat, x: np.ndarray, backend: Backend) -> tuple[Any, np.ndarray]:
+    """The stored form of a state in storage ``fmt`` (:meth:`ReplayConfig.state_storage`) and
+    its float32 values, in one pass: block recipes as codes (by the fused step's own encoder
+    where it covers the recipe), torchao's formats as codes (:mod:`.qmap`), element formats as
     their float32 values (exact in the format)."""
-    fmt = cfg.state_format(st)
-    if not is_quantized(cfg, fmt, x.size):
+    if not is_quantized(fmt):
         return x, x
+    if isinstance(fmt, QMapBlocks):
+        enc = encode_qmap(x, fmt)
+        return enc, decode_qmap(enc, fmt)
     if isinstance(fmt, BlockFormat):
         return _fused.encode_state(fmt, x, backend) or encode_decode_blocks(x, fmt, backend=backend)
     if isinstance(fmt, Format):
@@ -54,11 +60,12 @@ def store_and_load(cfg: ReplayConfig, st: str, x: np.ndarray, backend: Backend) 
     return stored, decode(stored, fmt, backend=backend)
 
 
-def load_state(cfg: ReplayConfig, st: str, stored: Any, backend: Backend) -> np.ndarray:
-    """The float32 values of stored state ``st``."""
+def load_state(fmt: StateFormat, stored: Any, backend: Backend) -> np.ndarray:
+    """The float32 values of a state stored in ``fmt`` (as :func:`store_and_load` stored it)."""
     if isinstance(stored, np.ndarray) and stored.dtype == _F32:
         return stored
-    fmt = cfg.state_format(st)
+    if isinstance(fmt, QMapBlocks):
+        return decode_qmap(stored, fmt)
     out = _fused.decode_state(fmt, stored, backend)
     return decode(stored, fmt, backend=backend) if out is None else out
 
