@@ -31,6 +31,8 @@ torch and jax are imported only inside the functions that use them.
 from __future__ import annotations
 
 import os
+import warnings
+import weakref
 from collections.abc import Mapping
 from pathlib import Path
 from types import TracebackType
@@ -69,12 +71,15 @@ class TorchCapture:
       entries are not recorded. Parameters are named as in ``model.named_parameters()``
       (an optimizer parameter the model does not have is named ``param_groups.<g>.<i>``).
 
-    Each recorded step also gets the optimizer's update count (``update``: the updates done
-    before the call plus one, the ``t`` of Adam's bias correction, which the replay uses): the
-    ``step`` of the optimizer's state where it keeps one (Adam, AdamW), else the updates
-    counted by a step hook since the capture began. A step skipped by a loss scaler does not
-    advance it, as in torch. Without ``optimizer`` no count is recorded (the replay then takes
-    the step numbers, which must be 1-based update counts).
+    Each recorded step also gets the optimizer's update count (``update``: the number of the
+    update this step's gradients feed, the ``t`` of Adam's bias correction, which the replay
+    uses): the ``step`` of the optimizer's state where it keeps one (Adam, AdamW), else the
+    updates counted by a step hook since the capture began, from an optimizer without state.
+    Called after ``optimizer.step()`` (the gradients it just used still in place, as a step
+    hook sees) the update is the one just done; before, the next one. A step skipped by a loss
+    scaler does not advance the count, as in torch. No count is recorded without ``optimizer``,
+    or for an optimizer that keeps no count but already has state (e.g. SGD resumed from a
+    checkpoint: a warning says so); the replay then takes ``first_update=``.
 
     Tensors keep their dtype and bits (bfloat16/float8 via ml_dtypes) and are written
     synchronously, so the copy on disk is the value at the time of the call.
@@ -123,12 +128,37 @@ class TorchCapture:
         self.model, self.every, self.params, self.optimizer = model, every, bool(params), optimizer
         self.scaler = scaler
         self._hooked_updates = 0
+        self._consumed: tuple[Any, int] | None = None  # the gradient the last update used
         self._hook = None if optimizer is None else optimizer.register_step_post_hook(self._count_update)
-        self._start_count = 0 if optimizer is None else _state_count(optimizer)
+        self._countable = optimizer is not None and (_state_count(optimizer) > 0 or not optimizer.state)
+        if optimizer is not None and not self._countable:
+            warnings.warn(
+                f"{type(optimizer).__name__} keeps no update count and already has state: the capture "
+                "records no update counts (replay with first_update=)",
+                stacklevel=2,
+            )
         self.writer = TraceWriter(path, metadata=meta)
 
     def _count_update(self, optimizer: Any, args: Any, kwargs: Any) -> None:
         self._hooked_updates += 1
+        self._consumed = self._grad_mark()
+
+    def _grad_mark(self) -> tuple[Any, int] | None:
+        """The first parameter gradient (a weak reference: a new one may reuse a freed one's
+        address) and its version (None: no gradient)."""
+        for group in self.optimizer.param_groups:
+            for p in group["params"]:
+                if p.grad is not None:
+                    return weakref.ref(p.grad), p.grad._version
+        return None
+
+    def _consumed_already(self) -> bool:
+        """Whether the gradients in place are those the last optimizer update used (unchanged)."""
+        now = self._grad_mark()
+        if self._consumed is None or now is None:
+            return False
+        (then_ref, then_version), (now_ref, now_version) = self._consumed, now
+        return then_ref() is not None and then_ref() is now_ref() and then_version == now_version
 
     @property
     def path(self) -> Path:
@@ -170,12 +200,15 @@ class TorchCapture:
         self.writer.write_step(step, tensors, loss=loss, lr=lr, update=update, skipped=skipped)
         return True
 
-    def _update_count(self) -> int:
-        """The number of the optimizer update this step feeds (1-based)."""
+    def _update_count(self) -> int | None:
+        """The number of the optimizer update this step's gradients feed (1-based), or None."""
+        done = self._consumed_already()  # called after optimizer.step()
         counted = _state_count(self.optimizer)
         if counted:  # the optimizer's own count (Adam, AdamW): exact, also mid-run
-            return counted + 1
-        return self._start_count + self._hooked_updates + 1
+            return counted if done else counted + 1
+        if not self._countable:
+            return None
+        return self._hooked_updates + (0 if done else 1)
 
     def _unscale(self) -> bool:
         """Unscale the gradients as the scaler does (unless the loop did); whether it found inf/NaN."""

@@ -82,7 +82,9 @@ def test_torch_capture_every_frozen_params_sgd_and_restart(tmp_path):
 
     with TorchCapture(model, tmp_path / "t", every=3, optimizer=opt) as cap:
         train(cap, range(0, 7))
-    with TorchCapture(model, tmp_path / "t", every=3, optimizer=opt) as cap:  # a restarted job appends
+    with pytest.warns(UserWarning, match="SGD keeps no update count and already has state"):
+        resumed = TorchCapture(model, tmp_path / "t", every=3, optimizer=opt)  # a restarted job appends
+    with resumed as cap:
         train(cap, range(7, 10))
         with pytest.raises(ValueError, match="already in the trace"):
             cap.step(9)
@@ -91,6 +93,8 @@ def test_torch_capture_every_frozen_params_sgd_and_restart(tmp_path):
     assert "1.weight" not in t.names("grad") and "1.weight" not in t.names("state.momentum_buffer")
     assert t.roles == ("grad", "state.momentum_buffer")
     assert t.lr(3) == 0.1 and t.lr(9) == 123.0
+    # recorded after opt.step(): the update just done (step 0 is update 1); none after the restart
+    assert [t.update(s) for s in t.steps] == [1, 4, 7, None]
     final = opt.state[model[0].weight]["momentum_buffer"]
     np.testing.assert_array_equal(t.read(t.entry(9, "0.weight", "state.momentum_buffer")), final.numpy())
 

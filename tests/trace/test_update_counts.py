@@ -96,6 +96,22 @@ def test_torch_capture_records_update_counts_of_a_zero_based_loop(tmp_path, opt_
     assert not any(tr.skipped(s) for s in tr.steps)
 
 
+@pytest.mark.parametrize("adam", [True, False])
+def test_torch_capture_after_optimizer_step_records_the_update_just_done(tmp_path, adam):
+    from fpsim.trace import TorchCapture
+
+    model = torch.nn.Linear(3, 2)
+    opt = (torch.optim.Adam if adam else torch.optim.SGD)(model.parameters(), lr=0.1)
+    with TorchCapture(model, tmp_path / "t", optimizer=opt) as cap:
+        for step in range(3):
+            opt.zero_grad()
+            model(torch.ones(1, 3)).sum().backward()
+            opt.step()
+            cap.step(step)
+    tr = open_trace(tmp_path / "t")
+    assert [tr.update(s) for s in tr.steps] == [1, 2, 3]
+
+
 def test_torch_capture_with_grad_scaler_records_unscaled_grads_and_skips(tmp_path):
     """Steps 1 and 2 overflow (scaled loss 1e38 * 2**10): torch skips optimizer.step(), the
     count stays; the recorded gradients are the unscaled ones."""
