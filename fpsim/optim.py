@@ -187,6 +187,13 @@ class Optimizer:
     elementwise: ClassVar[bool] = False
     """Whether each output element depends only on the same element of the inputs (then the
     replay may update pieces of a tensor in parallel; False for factored optimizers)."""
+    other_names: ClassVar[dict[str, str]] = {}
+    """Names other libraries record these states under (optax's), mapped to :attr:`states`."""
+
+    def needs_states(self, t: int) -> bool:
+        """Whether update ``t`` reads states a previous update wrote (False at the first update:
+        torch creates them then, at zero)."""
+        return t > 1
 
     def step(
         self,
@@ -229,6 +236,7 @@ class Adam(Optimizer):
     sqrt: Sqrt | str = Sqrt.IEEE
     name = "adam"
     states = ("exp_avg", "exp_avg_sq")
+    other_names = {"mu": "exp_avg", "nu": "exp_avg_sq"}  # optax's ScaleByAdamState
     elementwise = True
     decoupled = False
 
@@ -304,7 +312,11 @@ class SGD(Optimizer):
     momentum: float = 0.9
     name = "sgd"
     states = ("momentum_buffer",)
+    other_names = {"trace": "momentum_buffer"}  # optax's TraceState
     elementwise = True
+
+    def needs_states(self, t: int) -> bool:
+        return t > 1 and self.momentum != 0
 
     def step(self, p, g, states, lr, t, *, out=None, backend="auto"):
         buf = states.get("momentum_buffer")

@@ -42,6 +42,9 @@ def replay_distributed(
     memory_limit: str | int | float | None = None,
     progress: bool = True,
     backend: Backend | str = "auto",
+    sqrt: Any = None,
+    mode: Any = "sequence",
+    first_update: int | None = None,
 ) -> Any:
     """:func:`fpsim.replay.replay` on a Dask cluster, split by tensor, with exactly the same result.
 
@@ -54,7 +57,7 @@ def replay_distributed(
         trace: a trace path or :class:`fpsim.trace.Trace` (None: the bundled sample).
         configs: :class:`~fpsim.replay.ReplayConfig` objects or preset names (None:
             :data:`~fpsim.replay.config.DEFAULT_CONFIGS`, replay's default).
-        optimizer, lr, steps, seed: as for :func:`~fpsim.replay.replay`.
+        optimizer, lr, steps, seed, sqrt, mode, first_update: as for :func:`~fpsim.replay.replay`.
         scheduler, n_workers, threads_per_worker, memory_limit: as for
             :func:`~fpsim.distributed.analyze.analyze_distributed`.
         progress: show a progress bar over the parts.
@@ -67,7 +70,7 @@ def replay_distributed(
     backend = Backend.resolve(backend)
     job = _job(as_trace(trace), configs, steps)
     kw = {"optimizer": optimizer, "lr": lr, "steps": job.steps, "seed": seed, "threads": threads_per_worker}
-    kw["backend"] = backend
+    kw.update(backend=backend, sqrt=sqrt, mode=mode, first_update=first_update)
     client, close = connect(scheduler, n_workers, threads_per_worker, memory_limit)
     try:
         done = _run_parts(client, job, kw, progress)
@@ -125,14 +128,19 @@ class _Job:
                 ref.setdefault(name, res)
                 for c in cs:
                     by[name, c.name] = res
-        out = ReplayResult(str(self.trace.path), cfgs, self.steps, sizes=dict(self.sizes))
+        some = done[0][2]  # every part replays the same steps in the same mode
+        out = ReplayResult(str(self.trace.path), cfgs, some.steps, mode=some.mode, sizes=dict(self.sizes))
+        out.trace_skipped = list(some.trace_skipped)
         first = {c.name: next(res for _, cs, res in done if any(c is x for x in cs)) for c in cfgs}
-        for step in self.steps:
+        for step in out.steps:
             for c in cfgs:
                 out.scale[step, c.name] = first[c.name].scale[step, c.name]
                 out.skipped[step, c.name] = first[c.name].skipped[step, c.name]
                 for name in names:
                     out.stats[step, name, c.name] = by[name, c.name].stats[step, name, c.name]
+        for step in out.steps:
+            for name in names:
+                out.grad_sq[step, name] = ref[name].grad_sq[step, name]
         for label, part in (("reference", ref), *((c.name, {n: by[n, c.name] for n in names}) for c in cfgs)):
             out.final_params[label] = {n: part[n].final_params[label][n] for n in names}
             out.final_states[label] = {n: part[n].final_states[label][n] for n in names}

@@ -2,12 +2,14 @@
 
 - :mod:`.config`: :class:`ReplayConfig` (formats resolved when it is made), the presets and
   the memory table.
+- :mod:`.schedule`: which updates a replay runs and their update counts (:class:`Mode`).
 - :mod:`.engine`: :func:`replay`, step by step.
 - :mod:`.stats`: the per-step statistics and their :class:`ReplayResult`.
 - :mod:`.storage`: how states and master copies are stored and rounded.
 - :mod:`.fused`: the fused compiled Adam step for 8-bit block states (numba), declining
   whatever it does not cover.
-- :mod:`.lossscale`: dynamic loss scaling (torch GradScaler semantics).
+- :mod:`.lossscale`: loss scaling as torch's GradScaler, DeepSpeed's DynamicLossScaler and
+  Megatron's DynamicGradScaler do it, and the Protocol one's own scaler meets.
 
 The update math itself is :mod:`fpsim.optim`.
 """
@@ -15,14 +17,25 @@ The update math itself is :mod:`fpsim.optim`.
 from __future__ import annotations
 
 from .config import DEFAULT_CONFIGS, PRESETS, ReplayConfig, memory_table, resolve_configs
-from .engine import replay, select_steps
-from .lossscale import LossScaler, ScalerState
+from .engine import replay
+from .lossscale import (
+    DeepSpeedDynamicLossScaler,
+    LossScaler,
+    LossScalerPolicy,
+    MegatronDynamicGradScaler,
+    ScalerState,
+)
+from .schedule import Mode, select_steps
 from .stats import ReplayResult
 
 __all__ = [
     "DEFAULT_CONFIGS",
     "PRESETS",
+    "DeepSpeedDynamicLossScaler",
     "LossScaler",
+    "LossScalerPolicy",
+    "MegatronDynamicGradScaler",
+    "Mode",
     "ReplayConfig",
     "ReplayResult",
     "ScalerState",

@@ -6,9 +6,13 @@ with nearest or stochastic rounding and optional Kahan compensation, gradients i
 static/dynamic loss scaling or FP8 scaling) on the same recorded gradients, and measures per
 step and tensor how far each drifts from the reference.
 
-Semantics, per recorded step ``s`` in order (steps are replayed as consecutive updates; Adam's
-update count is the trace's step number, which fpsim's capture records as the optimizer's
-1-based update count):
+Semantics, per recorded step ``s`` in order. Which updates run, and the update count ``t`` of
+each (Adam's bias correction), come from :mod:`.schedule`: the trace's recorded counts, else
+its step numbers; ``mode="sequence"`` (the default) replays consecutive updates and refuses
+gaps, ``mode="each"`` replays every recorded step as one update from its own recorded values.
+A step the recorded run skipped (loss scaling) updates nothing, for the reference and every
+configuration. Each configuration counts its own updates: a step its loss scaler skips does
+not advance its count, as in torch.
 
 1. Gradient: ``g`` as recorded (float32). A config with gradient format ``G`` and loss scale
    ``S`` sees ``q = quantize(f32(g * S), G)``; any inf/NaN in any tensor skips the step for
@@ -21,8 +25,10 @@ update count is the trace's step number, which fpsim's capture records as the op
 4. The master copy is rounded once from the FP32 result to its format (``master_rounding``);
    with ``kahan`` the rounding error is carried in a compensation buffer of the same format.
 
-Initial parameters and states come from the trace's first replayed step when recorded
-("param", "state.exp_avg", ...), else zeros.
+Initial parameters and states come from the trace's first replayed step ("param",
+"state.exp_avg", ...; optax's "state.mu"/"state.nu" are read as Adam's states). The
+parameters must be recorded; states may be missing only at update 1 (torch creates them then,
+at zero). A recorded state the optimizer does not use is an error.
 
 Where the pieces are: the configurations in :mod:`.config`, the statistics and the result in
 :mod:`.stats`, the storage of states and master copies in :mod:`.storage`, the fused 8-bit
@@ -32,6 +38,7 @@ step in :mod:`.fused`; this module runs the steps. :func:`replay` resolves its `
 
 from __future__ import annotations
 
+import fnmatch
 import os
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
@@ -48,12 +55,13 @@ from ..trace import as_trace
 from . import fused as _fused
 from .config import DEFAULT_CONFIGS, PRESETS, ReplayConfig, memory_table, resolve_configs
 from .lossscale import ScalerState
-from .stats import ReplayResult, Stats, state_stats, tensor_stats
+from .schedule import Mode, Planned, plan_updates, select_steps
+from .stats import ReplayResult, Stats, state_stats, sum_sq, tensor_stats
 from .storage import is_quantized, load_state, master_seed, quantize, round_master, store_and_load
 
 # ReplayConfig, PRESETS, memory_table (.config) and ReplayResult (.stats) are re-exported here
 # for the modules that import them from fpsim.replay.engine; fpsim.replay has them all.
-__all__ = ["ReplayConfig", "ReplayResult", "replay", "select_steps", "PRESETS", "memory_table"]
+__all__ = ["Mode", "ReplayConfig", "ReplayResult", "replay", "select_steps", "PRESETS", "memory_table"]
 
 _F32 = np.float32
 
@@ -83,6 +91,7 @@ class _Run:
     loaded: dict[str, dict[str, np.ndarray] | None] = field(default_factory=dict)
     scaler: ScalerState | None = None
     delayed: dict[str, Any] = field(default_factory=dict)
+    updates: int = 0  # updates applied so far (counting those before the first replayed step)
 
 
 def replay(
@@ -98,6 +107,8 @@ def replay(
     threads: int | None = None,
     backend: Backend | str = "auto",
     sqrt: Sqrt | str | None = None,
+    mode: Mode | str = "sequence",
+    first_update: int | None = None,
 ) -> ReplayResult:
     """Replay ``trace``'s gradients through ``configs`` next to an FP32 reference.
 
@@ -109,8 +120,8 @@ def replay(
         lr: learning rate for every step; None uses the trace's recorded lr per step.
         steps: the recorded steps to replay (default all), replayed in increasing order.
         seed: base seed of stochastic rounding (counter-based, per step and tensor).
-        tensors: replay only these tensors (names as recorded; default all). A loss scaler
-            then sees only their gradients.
+        tensors: replay only the tensors matching these names or fnmatch patterns (default
+            all); each must match one. A loss scaler then sees only their gradients.
         progress: show a progress bar.
         threads: worker threads (default: the CPUs this process may use). Tensors, and
             pieces of large tensors in elementwise optimizer steps, are updated in parallel
@@ -122,87 +133,134 @@ def replay(
             ``"torch"`` (torch's CPU sqrt: the parameters of torch.optim on this machine), see
             :class:`fpsim.optim.Sqrt`; None keeps the optimizer's own. The compiled and fused
             steps take ``"ieee"`` only; with ``"torch"`` the updates run on numpy.
+        mode: ``"sequence"`` (consecutive updates from the first step's recorded values; a gap
+            in the update counts is an error) or ``"each"`` (every recorded step one update
+            from its own recorded values, loss scalers from their initial scale), see
+            :class:`~fpsim.replay.schedule.Mode`.
+        first_update: the update count of the first replayed step (default: the trace's
+            recorded count, else its step number); the other steps keep their distance to it.
 
     Raises:
-        ValueError: an unknown configuration, step, tensor, backend or sqrt, a gradient of
-            the wrong shape, or a step without a recorded lr when ``lr`` is None.
+        ValueError: an unknown configuration, step, tensor, backend, sqrt or mode; update
+            counts below 1 or (sequence) with gaps; a missing parameter or state, or a state
+            the optimizer does not use; a gradient of the wrong shape; or a step without a
+            recorded lr when ``lr`` is None. Each message names the steps and tensors.
     """
     from concurrent.futures import ThreadPoolExecutor
 
     from tqdm.auto import tqdm
 
     backend = Backend.resolve(backend)
+    mode = Mode.resolve(mode)
     optimizer = optimizer or AdamW()
     if sqrt is not None:
         optimizer = optimizer.with_sqrt(Sqrt.resolve(sqrt))
     tr = as_trace(trace)
     cfgs = resolve_configs(configs)
-    wanted = select_steps(tr, steps)
-    names = _tensor_names(tr, wanted[0], tensors)
-    params, ref_states = _initial_values(tr, wanted[0], names, optimizer)
-    result = ReplayResult(str(tr.path), cfgs, wanted, sizes={n: int(params[n].size) for n in names})
+    plan = plan_updates(tr, select_steps(tr, steps), mode, first_update)
+    names = _tensor_names(tr, plan[0].step, tensors)
+    runs_of = [plan] if mode is Mode.SEQUENCE else [[p] for p in plan if not p.skipped]
+    steps_run = [p.step for p in plan] if mode is Mode.SEQUENCE else [g[0].step for g in runs_of]
+    result = ReplayResult(str(tr.path), cfgs, steps_run, mode=mode.value)
+    result.trace_skipped = [p.step for p in plan if p.skipped]
     n_threads = _threads(threads)
     pool = ThreadPoolExecutor(max_workers=n_threads) if n_threads > 1 else _InThread()
     env = _Env(optimizer, backend, seed, pool)
-    bar = tqdm(total=len(wanted) * len(names), disable=not progress, desc="replay", unit="tensor-step")
+    bar = tqdm(total=len(plan) * len(names), disable=not progress, desc="replay", unit="tensor-step")
     try:
-        runs = [_start(c, params, ref_states, env) for c in cfgs]
-        spare = _Spare()
-        for step in wanted:
-            _replay_step(tr, step, names, lr, params, ref_states, runs, result, env, spare)
-            bar.update(len(names))
-        _finish(result, names, params, ref_states, runs, env)
+        for group in runs_of:
+            _run_updates(tr, group, names, lr, cfgs, result, env, bar)
     finally:
         pool.shutdown()
         bar.close()
     return result
 
 
-def select_steps(trace: Any, steps: Iterable[int] | None) -> list[int]:
-    """The recorded steps a replay runs, in increasing order (each once).
-
-    Args:
-        trace: a :class:`fpsim.trace.Trace`.
-        steps: the steps asked for (None: all of the trace's).
-
-    Raises:
-        ValueError: a step the trace does not have.
-    """
-    wanted = sorted(trace.steps if steps is None else set(steps))
-    missing = [s for s in wanted if s not in trace.steps]
-    if missing:
-        raise ValueError(f"{trace.path}: steps {missing} are not in the trace (it has {trace.steps})")
-    return wanted
+def _run_updates(tr, plan: list[Planned], names, lr, cfgs, result: ReplayResult, env: _Env, bar) -> None:
+    """Consecutive updates ``plan`` from the recorded values at its first step, into ``result``."""
+    params, ref_states = _initial_values(tr, plan[0], names, env.optimizer)
+    result.sizes = {n: int(params[n].size) for n in names}
+    runs = [_start(c, params, ref_states, env) for c in cfgs]
+    for run in runs:
+        run.updates = plan[0].t - 1
+    spare = _Spare()
+    for planned in plan:
+        _replay_step(tr, planned, names, lr, params, ref_states, runs, result, env, spare)
+        bar.update(len(names))
+    _finish(result, names, params, ref_states, runs, env)
 
 
 def _tensor_names(tr: Any, first: int, tensors: Iterable[str] | None) -> list[str]:
-    """The tensors to replay, in the trace's order."""
+    """The tensors to replay, in the trace's order: those matching a name or fnmatch pattern."""
     names = [e.name for e in tr.entries(step=first, role="grad")]
     if tensors is None:
         return names
-    keep = set(tensors)
-    unknown = sorted(keep - set(names))
-    if unknown:
-        raise ValueError(f"{tr.path}: tensors {unknown} have no gradient at step {first}")
-    return [n for n in names if n in keep]
+    patterns = [tensors] if isinstance(tensors, str) else list(tensors)
+    unmatched = [p for p in patterns if p not in names and not fnmatch.filter(names, p)]
+    if unmatched:
+        shown = ", ".join(names[:8]) + (", ..." if len(names) > 8 else "")
+        raise ValueError(f"{tr.path}: tensors {unmatched} match no gradient at step {first} (it has {shown})")
+    return [n for n in names if any(n == p or fnmatch.fnmatchcase(n, p) for p in patterns)]
 
 
-def _initial_values(tr: Any, first: int, names: list[str], optimizer: Optimizer) -> tuple[dict, dict]:
-    """Initial parameters and states: the trace's at the first replayed step, else zeros."""
+def _initial_values(tr: Any, first: Planned, names: list[str], optimizer: Optimizer) -> tuple[dict, dict]:
+    """The recorded parameters and states at the first replayed step (states at zero only where
+    the optimizer has none yet, update 1).
+
+    Raises:
+        ValueError: a missing parameter or state, or a recorded state the optimizer does not use.
+    """
+    step, where = first.step, f"{tr.path}: step {first.step} (update {first.t})"
+    recorded = {e.role[len("state.") :] for e in tr.entries(step) if e.role.startswith("state.")}
+    own = {st: st for st in optimizer.states} | optimizer.other_names
+    unused = sorted(recorded - set(own))
+    if unused:
+        raise ValueError(
+            f"{where} records optimizer states {unused}, which {optimizer.name} does not use (it keeps "
+            f"{list(optimizer.states)}): replay with the optimizer that recorded them"
+        )
+    role_of = {}
+    for rec in sorted(recorded):
+        if own[rec] in role_of:
+            raise ValueError(f"{where} records {own[rec]} twice: state.{role_of[own[rec]]} and state.{rec}")
+        role_of[own[rec]] = rec
     params, ref_states = {}, {}
+    no_param, no_state = [], []
     for name in names:
-        g = tr.entry(first, name, "grad")
-        params[name] = _initial(tr, first, name, "param", g.shape)
-        ref_states[name] = {st: _initial(tr, first, name, f"state.{st}", g.shape) for st in optimizer.states}
+        shape = tr.entry(step, name, "grad").shape
+        params[name] = _recorded(tr, step, name, "param", shape, no_param)
+        ref_states[name] = {}
+        for st in optimizer.states:
+            role = f"state.{role_of.get(st, st)}"
+            need = optimizer.needs_states(first.t)
+            ref_states[name][st] = _recorded(tr, step, name, role, shape, no_state if need else None)
+    if no_param:
+        raise ValueError(
+            f"{where} has no recorded parameter for tensors {no_param[:5]}: the replay starts from the "
+            "recorded parameters (record them: TorchCapture(params=True), capture_jax(params=...))"
+        )
+    if no_state:
+        raise ValueError(
+            f"{where} has no recorded {'/'.join(optimizer.states)} for tensors {no_state[:5]}: at an update "
+            "after the first, starting from zero states would not be the optimizer's run (record them: "
+            "TorchCapture(optimizer=...); or replay from the first update)"
+        )
     return params, ref_states
 
 
-def _initial(tr: Any, step: int, name: str, role: str, shape: tuple) -> np.ndarray:
+def _recorded(tr: Any, step: int, name: str, role: str, shape: tuple, missing: list | None) -> np.ndarray:
+    """The recorded tensor as float32, or zeros when it is not recorded (appending ``name`` to
+    ``missing``, where that is an error)."""
     try:
         entry = tr.entry(step, name, role)
-    except (KeyError, LookupError, ValueError):
+    except ValueError:
+        if missing is not None:
+            missing.append(name)
         return np.zeros(shape, _F32)
-    return np.array(tr.read(entry), _F32)
+    a = np.array(tr.read(entry), _F32)
+    if a.shape != shape:
+        raise ValueError(f"{tr.path}: step {step} {role} {name!r} has shape {a.shape}, its gradient {shape}")
+    return a
 
 
 def _finish(result: ReplayResult, names, params, ref_states, runs: list[_Run], env: _Env) -> None:
@@ -236,8 +294,9 @@ def _threads(threads: int | None) -> int:
 _PIECE = 1 << 19  # elements per task of an elementwise optimizer step
 
 
-def _replay_step(tr, step, names, lr, params, ref_states, runs, result, env: _Env, spare) -> None:
+def _replay_step(tr, planned: Planned, names, lr, params, ref_states, runs, result, env: _Env, spare) -> None:
     """One recorded step: the FP32 reference, then each configuration, tensors in parallel."""
+    step = planned.step
     lr_s = lr if lr is not None else tr.lr(step)
     if lr_s is None:
         raise ValueError(f"{tr.path}: step {step} has no recorded lr; pass lr=")
@@ -249,12 +308,18 @@ def _replay_step(tr, step, names, lr, params, ref_states, runs, result, env: _En
                 f"{tr.path}: step {step} gradient {name!r} has shape {g.shape}, expected {params[name].shape}"
             )
         grads[name] = g
-    ref_new = _reference_step(env, names, params, grads, ref_states, lr_s, step, spare)
+    for name, sq in zip(names, env.pool.map(lambda n: sum_sq(grads[n]), names)):
+        result.grad_sq[step, name] = sq
+    if planned.skipped:  # the recorded run did not update: nor does the reference
+        ref_new = {name: (params[name], ref_states[name]) for name in names}
+    else:
+        ref_new = _reference_step(env, names, params, grads, ref_states, lr_s, planned.t, spare)
     for run in runs:
-        _step_config(run, env, step, lr_s, grads, params, ref_new, result)
+        _step_config(run, env, planned, lr_s, grads, params, ref_new, result)
     for name in names:
         params[name], ref_states[name] = ref_new[name]
-    spare.step_done()
+    if not planned.skipped:
+        spare.step_done()
 
 
 class _Spare:
@@ -349,42 +414,45 @@ def _grad(run: _Run, name: str, g: np.ndarray, backend: Backend) -> tuple[np.nda
     elif fmt.name == "float32" and run.scaler is None:
         q = g
     else:
-        scale = _F32(run.scaler.scale) if run.scaler else _F32(1)
-        with np.errstate(over="ignore", invalid="ignore"):
+        with np.errstate(over="ignore", invalid="ignore"):  # (a float64 scale may pass FLT_MAX: inf)
+            scale = _F32(run.scaler.scale) if run.scaler is not None else _F32(1)
             q = emulate.quantize(g * scale, fmt)
-            if run.scaler:
+            if run.scaler is not None:
                 inf = not bool(np.isfinite(q).all())
                 return q * run.scaler.inv_scale, inf
     return q, run.scaler is not None and not bool(np.isfinite(q).all())
 
 
-def _step_config(run: _Run, env: _Env, step: int, lr: float, grads, params, ref_new, result) -> None:
-    """One configuration's step on every tensor: gradients, loss scaler, updates, statistics."""
-    cfg = run.cfg
+def _step_config(run: _Run, env: _Env, planned: Planned, lr: float, grads, params, ref_new, result) -> None:
+    """One configuration's step on every tensor: gradients, loss scaler, updates, statistics.
+    Its update count advances only when it applies the update."""
+    cfg, step = run.cfg, planned.step
     found_inf = False
     unscaled = {}
     done = env.pool.map(lambda n: _grad(run, n, grads[n], env.backend), list(grads))
     for name, (q, inf) in zip(grads, done):
         unscaled[name] = q
         found_inf |= inf
-    skip = found_inf and run.scaler is not None
-    result.scale[step, cfg.name] = run.scaler.scale if run.scaler else 1.0
+    skip = planned.skipped or (found_inf and run.scaler is not None)
+    result.scale[step, cfg.name] = run.scaler.scale if run.scaler is not None else 1.0
     result.skipped[step, cfg.name] = skip
     if run.scaler is not None:
         run.scaler = cfg.loss_scaler.update(run.scaler, found_inf)
-    fused = {} if skip else _fused_steps(run, env, step, lr, unscaled, ref_new)
+    t = run.updates + 1
+    run.updates += not skip
+    fused = {} if skip else _fused_steps(run, env, t, lr, unscaled, ref_new)
 
     def update(name: str) -> Stats:
         refs = (params[name], ref_new[name])
-        return _update_tensor(run, env, name, step, lr, unscaled[name], refs, skip, fused.get(name))
+        return _update_tensor(run, env, name, (step, t), lr, unscaled[name], refs, skip, fused.get(name))
 
     for name, stats in zip(grads, env.pool.map(update, list(grads))):  # in order: sums stay reproducible
         result.stats[step, name, cfg.name] = stats
 
 
-def _fused_steps(run: _Run, env: _Env, step: int, lr: float, grads, ref_new) -> dict[str, _fused.FusedStep]:
-    """The fused compiled updates (:mod:`fpsim.replay.fused`) of the tensors they cover, piece by
-    piece in the thread pool (a large tensor is not left to one thread)."""
+def _fused_steps(run: _Run, env: _Env, t: int, lr: float, grads, ref_new) -> dict[str, _fused.FusedStep]:
+    """The fused compiled updates (:mod:`fpsim.replay.fused`) of the tensors they cover (update
+    number ``t``), piece by piece in the thread pool (a large tensor is not left to one thread)."""
     plans = {}
     for name, g in grads.items():
         formats = {st: run.cfg.state_storage(st, name, g.size) for st in run.states[name]}
@@ -395,16 +463,18 @@ def _fused_steps(run: _Run, env: _Env, step: int, lr: float, grads, ref_new) -> 
                 plans[name] = pl
     jobs = [(name, part) for name, pl in plans.items() for part in _fused.pieces(pl)]
     run_piece = _fused.run_piece
-    done = list(env.pool.map(lambda job: run_piece(plans[job[0]], job[1], env.optimizer, lr, step), jobs))
+    done = list(env.pool.map(lambda job: run_piece(plans[job[0]], job[1], env.optimizer, lr, t), jobs))
     return {
         name: _fused.finish(pl, [res for (n, _), res in zip(jobs, done) if n == name])
         for name, pl in plans.items()
     }
 
 
-def _update_tensor(run: _Run, env: _Env, name, step, lr, g, refs, skip, fused) -> Stats:
-    """One configuration's update of one tensor (``fused``: its fused update, already done),
-    and its statistics against the reference (``refs``: its old parameter and new values)."""
+def _update_tensor(run: _Run, env: _Env, name, at: tuple[int, int], lr, g, refs, skip, fused) -> Stats:
+    """One configuration's update of one tensor at ``at`` = (recorded step, update count)
+    (``fused``: its fused update, already done), and its statistics against the reference
+    (``refs``: its old parameter and new values)."""
+    step, t = at
     p_old = run.master[name]
     p_ref_old, (p_ref, s_ref) = refs
     s = Stats(n=p_old.size)
@@ -413,7 +483,7 @@ def _update_tensor(run: _Run, env: _Env, name, step, lr, g, refs, skip, fused) -
         for st, v in _loaded(run, name, env.backend).items():
             state_stats(s, st, None, v, s_ref[st], env.backend)
     else:
-        p_f32 = _new_states(run, env, name, step, lr, g, s_ref, fused, s)
+        p_f32 = _new_states(run, env, name, t, lr, g, s_ref, fused, s)
         seed = master_seed(env.seed, step, name)
         fmt = run.master_format[name]
         p_new, comp = round_master(run.cfg, fmt, p_old, p_f32, run.comp.get(name), seed, env.backend)
@@ -424,9 +494,9 @@ def _update_tensor(run: _Run, env: _Env, name, step, lr, g, refs, skip, fused) -
     return s
 
 
-def _new_states(run: _Run, env: _Env, name, step, lr, g, s_ref, fused, s: Stats) -> np.ndarray:
-    """The optimizer's step of one tensor (the fused one where given): the FP32 parameter; the
-    new states stored into ``run`` and their statistics into ``s``."""
+def _new_states(run: _Run, env: _Env, name, t, lr, g, s_ref, fused, s: Stats) -> np.ndarray:
+    """The optimizer's update ``t`` of one tensor (the fused one where given): the FP32
+    parameter; the new states stored into ``run`` and their statistics into ``s``."""
     if fused is not None:
         run.states[name], run.loaded[name] = fused.states, None
         for st, (nonzero, zeroed, err, tot) in fused.stats.items():
@@ -436,7 +506,7 @@ def _new_states(run: _Run, env: _Env, name, step, lr, g, s_ref, fused, s: Stats)
         return fused.p
     backend = env.backend
     loaded = _loaded(run, name, backend)
-    p_f32, exact = env.optimizer.step(run.master[name], g, loaded, lr, step, backend=backend)
+    p_f32, exact = env.optimizer.step(run.master[name], g, loaded, lr, t, backend=backend)
     storage = {st: run.cfg.state_storage(st, name, v.size) for st, v in exact.items()}
     stored = {st: store_and_load(storage[st], v, backend) for st, v in exact.items()}
     run.states[name] = {st: enc for st, (enc, _) in stored.items()}

@@ -11,8 +11,10 @@ the sums. :func:`tensor_stats` and :func:`state_stats` compute them on numpy, or
 from __future__ import annotations
 
 import math
+import os
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -22,7 +24,7 @@ from .._compiled import Backend
 from ..trace import json_safe
 from .config import ReplayConfig, memory_table
 
-__all__ = ["ReplayResult", "Stats", "state_stats", "tensor_stats"]
+__all__ = ["ReplayResult", "Stats", "state_stats", "sum_sq", "tensor_stats"]
 
 _COUNTS = (
     "n",
@@ -70,12 +72,19 @@ class ReplayResult:
 
     ``final_params[config][tensor]`` and ``final_states[config][tensor][state]`` hold the
     values after the last replayed step (float32, dequantized); config ``"reference"`` is the
-    FP32 reference.
+    FP32 reference. ``mode``: ``"sequence"`` or ``"each"`` (:class:`fpsim.replay.Mode`; in
+    ``each`` every step's statistics are those of one update from the recorded values, and the
+    final values are those of the last step's update). ``trace_skipped``: the steps the recorded
+    run skipped (no update there, for the reference nor any configuration).
     """
 
     trace: str
     configs: list[ReplayConfig]
     steps: list[int]
+    mode: str = "sequence"
+    trace_skipped: list[int] = field(default_factory=list)
+    grad_sq: dict[tuple[int, str], float] = field(default_factory=dict)
+    """Per (step, tensor): the sum of squares of the recorded gradient (float64)."""
     stats: dict[tuple[int, str, str], Stats] = field(default_factory=dict)
     scale: dict[tuple[int, str], float] = field(default_factory=dict)
     skipped: dict[tuple[int, str], bool] = field(default_factory=dict)
@@ -83,11 +92,58 @@ class ReplayResult:
     final_params: dict[str, dict[str, np.ndarray]] = field(default_factory=dict)
     final_states: dict[str, dict[str, dict[str, np.ndarray]]] = field(default_factory=dict)
 
+    def final_state(self, config: str) -> dict[str, np.ndarray]:
+        """The final float32 parameters and states of ``config`` (or ``"reference"``) under the
+        trace's keys: ``param:<name>``, ``state.exp_avg:<name>``, ...
+
+        Raises:
+            ValueError: a configuration this replay did not run.
+        """
+        if config not in self.final_params:
+            raise ValueError(
+                f"no configuration {config!r} in this replay (it has {', '.join(self.final_params)})"
+            )
+        out = {
+            f"param:{n}": np.ascontiguousarray(p, np.float32) for n, p in self.final_params[config].items()
+        }
+        for name, states in self.final_states[config].items():
+            for st, v in states.items():
+                out[f"state.{st}:{name}"] = np.ascontiguousarray(v, np.float32)
+        return out
+
+    def save_state(self, folder: str | os.PathLike[str]) -> dict[str, Path]:
+        """Write :meth:`final_state` of the reference and of every configuration to
+        ``folder/<config>.safetensors`` (the folder is created); returns the files by config.
+
+        Raises:
+            ValueError: a configuration name that is not a plain file name.
+        """
+        from ..trace.safetensors_io import write_safetensors
+
+        folder = Path(folder)
+        folder.mkdir(parents=True, exist_ok=True)
+        paths = {}
+        for config in self.final_params:
+            if Path(config).name != config or config in ("", ".", ".."):
+                raise ValueError(f"configuration name {config!r} cannot name a file in {folder}")
+            meta = {"fpsim_replay_config": config, "trace": self.trace, "mode": self.mode}
+            meta["last_step"] = str(self.steps[-1]) if self.steps else ""
+            paths[config] = folder / f"{config}.safetensors"
+            write_safetensors(paths[config], self.final_state(config), meta)
+        return paths
+
     def table(self):
         """Tidy DataFrame: step, tensor, config, metric, value."""
         import pandas as pd
 
         rows = []
+        for (step, tensor), sq in sorted(self.grad_sq.items()):
+            rows.append((step, tensor, "reference", "grad_norm", math.sqrt(sq)))
+            some = next((self.stats[step, tensor, c.name] for c in self.configs), None)
+            if some is not None:
+                rows.append(
+                    (step, tensor, "reference", "update_param_ratio", _ratio(some.upd_ref_sq, some.p_ref_sq))
+                )
         for (step, tensor, cfg), s in sorted(self.stats.items()):
             for metric, value in _metrics(s).items():
                 rows.append((step, tensor, cfg, metric, value))
@@ -112,10 +168,29 @@ class ReplayResult:
         return out
 
     def summary(self) -> dict[str, Any]:
-        """One entry per configuration under ``results`` (JSON-ready)."""
+        """One entry per configuration under ``results``, after the FP32 reference's (JSON-ready)."""
         mem = {r["config"]: r for r in memory_table(self.configs, self.sizes)}
-        results = [self._summary_row(cfg.name, mem[cfg.name]["total"]) for cfg in self.configs]
-        return {"trace": self.trace, "parameters": sum(self.sizes.values()), "results": json_safe(results)}
+        fp32 = memory_table([ReplayConfig("reference")], self.sizes)[0]["total"]
+        reference = {
+            "config": "reference",
+            "steps": len(self.steps),
+            "final_param_rel_error": 0.0,
+            "max_param_rel_error": 0.0,
+            "mean_update_cosine": 1.0,
+            "swamped_share": None,  # (the reference's own float32 rounding is not measured)
+            "zero_state_share": 0.0,
+            "skipped_steps": len(self.trace_skipped),
+            "final_loss_scale": 1.0,
+            "bytes_per_param": fp32,
+        }
+        results = [reference] + [self._summary_row(cfg.name, mem[cfg.name]["total"]) for cfg in self.configs]
+        return {
+            "trace": self.trace,
+            "parameters": sum(self.sizes.values()),
+            "mode": self.mode,
+            "trace_skipped_steps": list(self.trace_skipped),
+            "results": json_safe(results),
+        }
 
     def _summary_row(self, config: str, bytes_per_param: float) -> dict[str, Any]:
         per_step = self.per_step(config)
@@ -125,6 +200,7 @@ class ReplayResult:
             "config": config,
             "steps": len(self.steps),
             "final_param_rel_error": per_step[-1]["param_rel_error"] if per_step else 0.0,
+            "max_param_rel_error": max((r["param_rel_error"] for r in per_step), default=0.0),
             "mean_update_cosine": float(np.mean(cos)) if cos else float("nan"),
             "swamped_share": total.swamped / total.updates if total.updates else 0.0,
             "zero_state_share": total.state_zeroed / total.state_nonzero if total.state_nonzero else 0.0,
@@ -154,6 +230,7 @@ def _metrics(s: Stats) -> dict[str, float]:
         else float("nan"),
         "swamped_share": s.swamped / s.updates if s.updates else 0.0,
         "zero_state_share": s.state_zeroed / s.state_nonzero if s.state_nonzero else 0.0,
+        "update_param_ratio": _ratio(s.upd_sq, s.p_ref_sq),
     }
     for k, err in s.state_err_sq.items():
         ref = s.state_ref_sq.get(k, 0.0)
@@ -161,7 +238,21 @@ def _metrics(s: Stats) -> dict[str, float]:
     return out
 
 
+def _ratio(sq: float, ref_sq: float) -> float:
+    """sqrt(sq / ref_sq): a norm relative to another (nan when the other is 0)."""
+    return math.sqrt(sq / ref_sq) if ref_sq else float("nan")
+
+
 # --- the statistics of one tensor ---------------------------------------------------------
+
+
+def sum_sq(x: np.ndarray) -> float:
+    """The sum of squares of a float32 array in float64, chunk by chunk (as the other sums)."""
+    total = 0.0
+    for (c,) in _chunks(x):
+        c = c.astype(np.float64)
+        total += _dot(c, c)
+    return total
 
 
 def tensor_stats(s: Stats, p_f32, p_old, p_new, p_ref, p_ref_old, backend: Backend) -> None:

@@ -23,7 +23,7 @@ _COLS = [
 
 
 def _cell(spec: str, v: Any) -> str:
-    return v if isinstance(v, str) else spec.format(v)
+    return v if isinstance(v, str) else "-" if v is None else spec.format(v)
 
 
 def replay_text(result: ReplayResult) -> str:

@@ -133,7 +133,7 @@ def test_replay_backend_flag_reaches_replay(capsys, tmp_path, monkeypatch):
     monkeypatch.setattr(replay_package, "replay", spy)
     argv = ["replay", "--config", "bf16-master", "--steps", "190:192", "--quiet", "--json"]
     assert main([*argv, "--backend", "numpy", "--out", str(tmp_path)]) == 0
-    assert seen == ["numpy"] and json.loads(capsys.readouterr().out)["results"][0]["config"] == "bf16-master"
+    assert seen == ["numpy"] and json.loads(capsys.readouterr().out)["results"][1]["config"] == "bf16-master"
     with pytest.raises(SystemExit):
         main(["replay", "--backend", "gpu"])
     assert "invalid choice" in capsys.readouterr().err

@@ -337,7 +337,16 @@ def _same_value(a, b) -> bool:
 def assert_same_replay(got: ReplayResult, want: ReplayResult) -> None:
     assert (got.trace, got.steps) == (want.trace, want.steps)
     assert [c.name for c in got.configs] == [c.name for c in want.configs]
-    for name in ("stats", "scale", "skipped", "sizes", "final_params", "final_states"):
+    for name in (
+        "mode",
+        "trace_skipped",
+        "stats",
+        "scale",
+        "skipped",
+        "sizes",
+        "final_params",
+        "final_states",
+    ):
         assert _same_value(getattr(got, name), getattr(want, name)), name
     for c in want.configs:  # sums over tensors in the same order: the same floats
         assert _same_value(got.per_step(c.name), want.per_step(c.name)), c.name
@@ -346,8 +355,17 @@ def assert_same_replay(got: ReplayResult, want: ReplayResult) -> None:
 
 def test_replay_split_by_tensor_equals_single_process(client):
     """Every preset (loss-scaled ones run whole, the others split over tensor groups)."""
-    want = replay(None, list(PRESETS), progress=False)
-    got = replay_distributed(None, list(PRESETS), scheduler=client, progress=False)
+    want = replay(None, list(PRESETS), steps=range(190, 201), progress=False)
+    got = replay_distributed(None, list(PRESETS), steps=range(190, 201), scheduler=client, progress=False)
+    assert_same_replay(got, want)
+
+
+def test_replay_each_mode_split_equals_single_process(client):
+    """mode='each' on the bundled (sparse) trace: every recorded step one update, split by tensor."""
+    cfgs = ["bf16-master-sr", "bnb-8bit-all", "fp16-grads-dynamic"]
+    want = replay(None, cfgs, mode="each", progress=False)
+    got = replay_distributed(None, cfgs, mode="each", scheduler=client, progress=False)
+    assert want.mode == "each" and len(want.steps) == 29
     assert_same_replay(got, want)
 
 

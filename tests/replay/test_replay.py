@@ -72,7 +72,7 @@ def test_replay_fp16_grads_skip_and_back_off_like_gradscaler(tmp_path):
         assert bool(step["skipped"]) == bool(torch.equal(before, p.detach()))
     assert [s["skipped"] for s in per] == [1, 0, 0, 1, 0, 0]
     assert per[-1]["loss_scale"] == 16384
-    assert r.summary()["results"][0]["skipped_steps"] == 2
+    assert r.summary()["results"][1]["skipped_steps"] == 2  # (results[0] is the FP32 reference)
 
 
 def _bnb_run(p0, grads):
@@ -171,12 +171,12 @@ def test_memory_table_by_hand():
 def test_unknown_config_and_missing_lr_are_clear_errors(tmp_path):
     trace = tmp_path / "t"
     with TraceWriter(trace) as w:
-        w.write_step(1, {"grad": {"w": np.ones(3, np.float32)}})
+        w.write_step(1, {"grad": {"w": np.ones(3, np.float32)}, "param": {"w": np.zeros(3, np.float32)}})
     with pytest.raises(ValueError, match="unknown replay configuration 'fp7'"):
         replay(trace, ["fp7"], progress=False)
     with pytest.raises(ValueError, match="no recorded lr"):
         replay(trace, ["fp32"], progress=False)
-    assert replay(trace, [ReplayConfig("x")], lr=0.1, progress=False).summary()["results"][0]["steps"] == 1
+    assert replay(trace, [ReplayConfig("x")], lr=0.1, progress=False).summary()["results"][1]["steps"] == 1
 
 
 def test_default_configs_and_steps_are_resolved_as_documented(tmp_path):
@@ -222,7 +222,7 @@ def test_cli_replay_json_and_files(tmp_path, capsys):
     )
     assert code == 0
     summary = json.loads(capsys.readouterr().out)
-    assert [r["config"] for r in summary["results"]] == ["bf16-master", "fp8-states", "custom"]
+    assert [r["config"] for r in summary["results"]] == ["reference", "bf16-master", "fp8-states", "custom"]
     keys = {
         "config",
         "steps",
@@ -235,7 +235,8 @@ def test_cli_replay_json_and_files(tmp_path, capsys):
     }
     for r in summary["results"]:
         assert keys <= set(r) and r["steps"] == 10
-    assert summary["results"][2]["bytes_per_param"] == pytest.approx(2 + 4 + 2 * (1 + 4 / 256))
+    assert summary["results"][0]["bytes_per_param"] == 16.0
+    assert summary["results"][3]["bytes_per_param"] == pytest.approx(2 + 4 + 2 * (1 + 4 / 256))
     for name in ("replay.csv", "summary.json", "memory.csv", "report.md", "divergence.png"):
         assert (out / name).exists(), name
     assert main(["replay", "--state", "q=float16", "--out", str(out), "--quiet"]) == 2
@@ -290,7 +291,9 @@ def test_tensors_filter_replays_a_subset_exactly(tmp_path):
     trace = tmp_path / "t"
     with TraceWriter(trace) as w:
         for s, g in enumerate(grads, 1):
-            w.write_step(s, {"grad": g}, lr=1e-2)
+            w.write_step(
+                s, {"grad": g, "param": {k: np.ones(v.shape, np.float32) for k, v in g.items()}}, lr=1e-2
+            )
     full = replay(trace, ["bnb-8bit-all"], progress=False)
     part = replay(trace, ["bnb-8bit-all"], tensors=["c", "a"], progress=False)
     assert list(part.sizes) == ["a", "c"]
@@ -300,7 +303,7 @@ def test_tensors_filter_replays_a_subset_exactly(tmp_path):
     np.testing.assert_array_equal(
         part.final_params["bnb-8bit-all"]["c"], full.final_params["bnb-8bit-all"]["c"]
     )
-    with pytest.raises(ValueError, match=r"tensors \['d'\] have no gradient at step 1"):
+    with pytest.raises(ValueError, match=r"tensors \['d'\] match no gradient at step 1"):
         replay(trace, [], tensors=["a", "d"], progress=False)
 
 
