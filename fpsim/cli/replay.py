@@ -1,14 +1,17 @@
 """``fpsim replay [TRACE]``: replay a trace's gradients through low-precision optimizers vs FP32.
 
-Runs :func:`fpsim.replay.replay` (on the ``--backend`` chosen) on the preset configurations
-named by ``--config`` and a custom one built from ``--state``/``--master``/
-``--master-rounding``/``--kahan``/``--grad``/``--loss-scale``, and writes the report of
-:func:`fpsim.report.replay.write_replay_report`.
+Runs :func:`fpsim.replay.replay` (on the ``--backend`` chosen, in the ``--mode`` chosen) on
+the preset configurations named by ``--config`` and a custom one built from ``--state``/
+``--master``/``--master-rounding``/``--kahan``/``--grad``/``--loss-scale``, writes the report
+of :func:`fpsim.report.replay.write_replay_report` and, with ``--save-state DIR``, each
+configuration's final parameters and states (:meth:`fpsim.replay.ReplayResult.save_state`).
+Every flag value is checked here, and a bad one is an error that names the flag.
 """
 
 from __future__ import annotations
 
 import argparse
+import math
 from typing import Any
 
 from .output import add_backend_argument, emit
@@ -41,8 +44,50 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     )
     r.add_argument("trace", nargs="?", default=None, help="trace (default: the bundled sample trace)")
     r.add_argument("--optimizer", default="adamw", choices=["adam", "adamw", "sgd"])
-    r.add_argument("--weight-decay", type=float, default=None, help="default: the optimizer's own")
-    r.add_argument("--lr", type=float, default=None, help="learning rate (default: the trace's per step)")
+    r.add_argument(
+        "--weight-decay",
+        type=_non_negative("--weight-decay"),
+        default=None,
+        help="default: the optimizer's own",
+    )
+    r.add_argument(
+        "--lr", type=_non_negative("--lr"), default=None, help="learning rate (default: the trace's per step)"
+    )
+    r.add_argument(
+        "--betas", type=_betas, default=None, metavar="B1,B2", help="Adam's betas (default 0.9,0.999)"
+    )
+    r.add_argument("--eps", type=_non_negative("--eps"), default=None, help="Adam's eps (default 1e-8)")
+    r.add_argument("--momentum", type=_non_negative("--momentum"), default=None, help="SGD's momentum (0.9)")
+    r.add_argument(
+        "--sqrt",
+        choices=["ieee", "torch"],
+        default="ieee",
+        help="Adam's square root: ieee (correctly rounded, the same on every machine) or torch "
+        "(torch's CPU sqrt: the FP32 replay then equals torch.optim on this machine, bit for bit; "
+        "torch's result itself depends on the CPU's SIMD width)",
+    )
+    r.add_argument(
+        "--mode",
+        choices=["sequence", "each"],
+        default="sequence",
+        help="sequence: consecutive updates from the first step's recorded values (a trace with "
+        "missing updates is refused); each: every recorded step as one update from its own "
+        "recorded parameters and states (default: sequence)",
+    )
+    r.add_argument(
+        "--first-update",
+        type=_positive_int("--first-update"),
+        default=None,
+        metavar="N",
+        help="the optimizer's update count at the first replayed step (default: the trace's "
+        "recorded count, else its step number)",
+    )
+    r.add_argument(
+        "--tensors",
+        action="append",
+        metavar="PATTERN",
+        help="replay only the tensors matching this name or fnmatch pattern (repeatable)",
+    )
     r.add_argument(
         "--config",
         action="append",
@@ -56,9 +101,48 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     r.add_argument("--master-rounding", choices=["nearest_even", "stochastic"], default=None)
     r.add_argument("--kahan", action="store_true", help="Kahan-compensated master weights")
     r.add_argument("--grad", metavar="F", help="gradient format or recipe of the custom configuration")
-    r.add_argument("--loss-scale", choices=["none", "static", "dynamic"], default="none")
-    r.add_argument("--steps", metavar="A:B", help="replay the recorded steps A..B (inclusive)")
+    r.add_argument(
+        "--master-override",
+        action="append",
+        metavar="PATTERN=F",
+        help="keep the master copy of tensors matching the fnmatch PATTERN in format F (repeatable, "
+        "first match wins), e.g. 'embed*=float32'",
+    )
+    r.add_argument(
+        "--state-override",
+        action="append",
+        metavar="PATTERN[:STATE]=F",
+        help="store the states (or one state, e.g. exp_avg_sq) of tensors matching PATTERN in F "
+        "(repeatable, first match wins), e.g. 'embed*=float32'",
+    )
+    r.add_argument(
+        "--min-quantized-size",
+        type=_positive_int("--min-quantized-size"),
+        default=None,
+        metavar="N",
+        help="tensors with fewer elements keep FP32 states (bitsandbytes' min_8bit_size)",
+    )
+    r.add_argument(
+        "--loss-scale",
+        choices=["none", "static", "dynamic", "deepspeed", "megatron"],
+        default="none",
+        help="loss scaling of the custom configuration's gradients, with the library's defaults: "
+        "static or dynamic (torch GradScaler), deepspeed (DynamicLossScaler), megatron "
+        "(DynamicGradScaler)",
+    )
+    r.add_argument(
+        "--steps",
+        type=_steps,
+        metavar="A:B",
+        help="replay the recorded steps from A to B (inclusive), or step A",
+    )
     r.add_argument("--out", default="fpsim-replay", help="output folder (default: fpsim-replay)")
+    r.add_argument(
+        "--save-state",
+        metavar="DIR",
+        help="write DIR/<config>.safetensors per configuration (and reference): the final float32 "
+        "parameters and states under the trace's keys (param:<name>, state.exp_avg:<name>, ...)",
+    )
     r.add_argument("--json", action="store_true", help="print the JSON summary instead of the table")
     r.add_argument("--quiet", action="store_true", help="no progress bar")
     add_backend_argument(r)
@@ -75,22 +159,53 @@ def run(args: argparse.Namespace) -> int:
     from ..optim import get_optimizer
     from ..replay import replay
     from ..report.replay import replay_text, write_replay_report
+    from ..trace import as_trace
 
     configs = _configs(args)
-    kwargs = {"weight_decay": args.weight_decay} if args.weight_decay is not None else {}
-    opt = get_optimizer(args.optimizer, **kwargs)
-    steps = _steps(args.steps) if args.steps else None
+    opt = get_optimizer(args.optimizer, **_optimizer_fields(args))
+    trace = as_trace(args.trace)
+    steps = None if args.steps is None else _recorded_in(trace, *args.steps)
     result = replay(
-        args.trace,
+        trace,
         configs,
         optimizer=opt,
         lr=args.lr,
         steps=steps,
+        tensors=args.tensors,
         progress=not args.quiet,
         backend=args.backend,
+        sqrt=args.sqrt,
+        mode=args.mode,
+        first_update=args.first_update,
     )
     paths = write_replay_report(result, args.out)
+    if args.save_state:
+        paths.update({f"state:{k}": p for k, p in result.save_state(args.save_state).items()})
     return emit(result.summary(), replay_text(result), paths, args.json)
+
+
+def _optimizer_fields(args: argparse.Namespace) -> dict[str, Any]:
+    """The optimizer hyper-parameters the flags set (the others keep the optimizer's defaults)."""
+    fields = {"weight_decay": args.weight_decay}
+    if args.optimizer == "sgd":
+        for flag in ("betas", "eps"):
+            if getattr(args, flag) is not None:
+                raise ValueError(f"--{flag} is an Adam flag; --optimizer sgd takes --momentum")
+        fields["momentum"] = args.momentum
+    else:
+        if args.momentum is not None:
+            raise ValueError("--momentum is an SGD flag; Adam takes --betas")
+        fields.update(betas=args.betas, eps=args.eps)
+    return {k: v for k, v in fields.items() if v is not None}
+
+
+def _recorded_in(trace: Any, lo: int, hi: int) -> list[int]:
+    """The recorded steps in ``lo..hi``; an error naming ``--steps`` when there is none."""
+    steps = [s for s in trace.steps if lo <= s <= hi]
+    if not steps:
+        shown = f"{trace.steps[0]}..{trace.steps[-1]}" if trace.steps else "none"
+        raise ValueError(f"--steps {lo}:{hi}: no recorded step in that range (the trace has steps {shown})")
+    return steps
 
 
 def _configs(args: argparse.Namespace) -> list[Any]:
@@ -111,7 +226,7 @@ def _configs(args: argparse.Namespace) -> list[Any]:
 
 def _custom_fields(args: argparse.Namespace) -> dict[str, Any]:
     """The fields of the custom :class:`~fpsim.replay.engine.ReplayConfig` the options set."""
-    from ..replay import LossScaler
+    from ..replay import DeepSpeedDynamicLossScaler, LossScaler, MegatronDynamicGradScaler
 
     custom: dict[str, Any] = {}
     for item in args.state or []:
@@ -128,12 +243,84 @@ def _custom_fields(args: argparse.Namespace) -> dict[str, Any]:
         custom["kahan"] = True
     if args.grad:
         custom["grad"] = args.grad
+    scalers = {
+        "static": lambda: LossScaler(dynamic=False),
+        "dynamic": LossScaler,
+        "deepspeed": DeepSpeedDynamicLossScaler,
+        "megatron": MegatronDynamicGradScaler,
+    }
     if args.loss_scale != "none":
-        custom["loss_scaler"] = LossScaler(dynamic=args.loss_scale == "dynamic")
+        custom["loss_scaler"] = scalers[args.loss_scale]()
+    if args.master_override:
+        custom["master_overrides"] = tuple(_override("--master-override", o) for o in args.master_override)
+    if args.state_override:
+        custom["state_overrides"] = tuple(_state_override(o) for o in args.state_override)
+    if args.min_quantized_size is not None:
+        custom["min_quantized_size"] = args.min_quantized_size
     return custom
 
 
-def _steps(text: str) -> range | list[int]:
-    """``"A:B"`` -> the steps A..B (inclusive); ``"A"`` -> [A]."""
-    lo, _, hi = text.partition(":")
-    return range(int(lo), int(hi) + 1) if hi else [int(lo)]
+def _override(flag: str, text: str) -> tuple[str, str]:
+    """``"PATTERN=FORMAT"`` -> (PATTERN, FORMAT)."""
+    pattern, sep, fmt = text.rpartition("=")
+    if not sep or not pattern or not fmt:
+        raise ValueError(f"{flag} takes PATTERN=FORMAT, e.g. 'embed*=float32', got {text!r}")
+    return pattern, fmt
+
+
+def _state_override(text: str) -> tuple[str, str, str]:
+    """``"PATTERN[:STATE]=FORMAT"`` -> (PATTERN, STATE or "*", FORMAT)."""
+    target, fmt = _override("--state-override", text)
+    pattern, _, state = target.partition(":")
+    return pattern, state or "*", fmt
+
+
+def _steps(text: str) -> tuple[int, int]:
+    """``"A:B"`` -> (A, B) (the recorded steps from A to B, inclusive); ``"A"`` -> (A, A)."""
+    lo, sep, hi = text.partition(":")
+    try:
+        a, b = int(lo), int(hi if sep else lo)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"takes A:B or A with integer steps, got {text!r}") from None
+    if a < 0 or b < a:
+        raise argparse.ArgumentTypeError(f"takes A:B with 0 <= A <= B, got {text!r}")
+    return a, b
+
+
+def _betas(text: str) -> tuple[float, float]:
+    """``"B1,B2"`` -> (B1, B2), each in [0, 1)."""
+    try:
+        b1, b2 = (float(x) for x in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"takes B1,B2 (two numbers), got {text!r}") from None
+    if not (0 <= b1 < 1 and 0 <= b2 < 1):
+        raise argparse.ArgumentTypeError(f"betas must lie in [0, 1), got {text!r}")
+    return b1, b2
+
+
+def _non_negative(flag: str):
+    def parse(text: str) -> float:
+        try:
+            v = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"takes a number, got {text!r}") from None
+        if not math.isfinite(v) or v < 0:
+            raise argparse.ArgumentTypeError(f"must be a finite number >= 0, got {text!r}")
+        return v
+
+    parse.__name__ = flag  # argparse names the flag in its message
+    return parse
+
+
+def _positive_int(flag: str):
+    def parse(text: str) -> int:
+        try:
+            v = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"takes an integer, got {text!r}") from None
+        if v < 1:
+            raise argparse.ArgumentTypeError(f"must be >= 1, got {text!r}")
+        return v
+
+    parse.__name__ = flag
+    return parse
