@@ -20,8 +20,10 @@ not advance its count, as in torch.
    (the optimizer works in FP32 on unscaled gradients). FP8 gradients take a block recipe
    (``e5m2_tensor`` = current scaling) or :class:`fpsim.DelayedScaling` per tensor.
 2. Update in FP32 (:mod:`fpsim.optim`) on the dequantized states and the master value.
-3. States are re-encoded in their formats (nearest-even); tensors with fewer than
-   ``min_quantized_size`` elements keep FP32 states (bitsandbytes' ``min_8bit_size``).
+3. States are re-encoded in their formats (nearest-even), per tensor as
+   :meth:`ReplayConfig.state_storage` says: its ``state_overrides`` by name, and FP32 for
+   tensors under ``min_quantized_size`` elements (bitsandbytes' ``min_8bit_size``) or, without
+   ``quantize_ragged``, whose size the block does not divide (torchao).
 4. The master copy is rounded once from the FP32 result to its format (``master_rounding``);
    with ``kahan`` the rounding error is carried in a compensation buffer of the same format.
 

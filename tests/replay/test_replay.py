@@ -354,3 +354,22 @@ def test_backend_and_sqrt_are_checked_once(tmp_path):
         replay(trace, [], backend="gpu", progress=False)
     with pytest.raises(ValueError, match="sqrt must be one of ieee, torch; got 'exact'"):
         replay(trace, [], sqrt="exact", progress=False)
+
+
+def test_library_presets_keep_the_bundled_trace_in_fp32():
+    """Every tensor of the bundled trace is under 4096 elements (the README says so): the
+    bitsandbytes and torchao presets keep all its states in FP32, so they replay it exactly as
+    the FP32 reference does, while bnb-8bit-all quantizes it."""
+    from fpsim.trace import open_trace, sample_trace_path
+
+    tr = open_trace(sample_trace_path())
+    assert max(e.size for e in tr.entries(step=190, role="grad")) < 4096
+    presets = ["bnb-8bit", "torchao-8bit", "torchao-fp8", "torchao-4bit", "bnb-8bit-all"]
+    r = replay(tr, presets, optimizer=Adam(), steps=range(190, 201), progress=False)
+    ref = r.final_params["reference"]
+    for name in presets[:-1]:
+        for tensor, p in r.final_params[name].items():
+            np.testing.assert_array_equal(
+                p.view(np.uint32), ref[tensor].view(np.uint32), err_msg=f"{name} {tensor}"
+            )
+    assert any((r.final_params["bnb-8bit-all"][t] != ref[t]).any() for t in ref)
