@@ -279,13 +279,14 @@ def resolve_configs(configs: Sequence[ReplayConfig | str]) -> list[ReplayConfig]
 def memory_table(
     configs: Sequence[ReplayConfig], sizes: dict[str, int], optimizer: Optimizer | None = None
 ) -> list[dict[str, Any]]:
-    """Bytes per parameter of each configuration: weights, grads, states, master copy, total.
+    """Bytes per parameter of each configuration: weights, grads, states (their elements),
+    scales (the states' block scales), master copy, Kahan buffer, total.
 
     Each tensor's states count in the storage :meth:`ReplayConfig.state_storage` gives them
     (overrides; FP32 below ``min_quantized_size`` and, with ``quantize_ragged=False``, for
-    tensors the block does not divide), at that storage's ``bytes_per_element`` (block recipes
-    and torchao's formats count their scales, one per full block); per-tensor master overrides
-    are weighted by size.
+    tensors the block does not divide), at that storage's ``bytes_per_element``, split into
+    the elements and the scales (block recipes and torchao's formats: one scale per full block);
+    per-tensor master overrides are weighted by size.
 
     Args:
         configs: :class:`ReplayConfig` objects.
@@ -299,9 +300,13 @@ def memory_table(
 def _memory_row(c: ReplayConfig, sizes: dict[str, int], optimizer: Optimizer) -> dict[str, Any]:
     total = sum(sizes.values()) or 1
     master = sum(c.master_format(n).bytes_per_element * k for n, k in sizes.items()) / total
-    states = 0.0
+    states = scales = 0.0
     for st in optimizer.states:
-        states += sum(c.state_storage(st, n, k).bytes_per_element * k for n, k in sizes.items()) / total
+        for n, k in sizes.items():
+            fmt = c.state_storage(st, n, k)
+            scale = _scale_bytes(fmt)
+            states += (fmt.bytes_per_element - scale) * k / total
+            scales += scale * k / total
     grad_format = c.grad if c.grad_delayed is None else get_format(c.grad_delayed.element)
     grad = grad_format.bytes_per_element
     weights = c.weights.bytes_per_element if c.weights is not None else 0.0
@@ -312,6 +317,16 @@ def _memory_row(c: ReplayConfig, sizes: dict[str, int], optimizer: Optimizer) ->
         "master": master,
         "grads": grad,
         "states": states,
+        "scales": scales,
         "kahan_buffer": comp,
-        "total": weights + master + grad + states + comp,
+        "total": weights + master + grad + states + scales + comp,
     }
+
+
+def _scale_bytes(fmt: StateFormat) -> float:
+    """The bytes per element of a state format's block scales (0 for element formats)."""
+    if isinstance(fmt, BlockFormat):
+        return fmt.bytes_per_element - fmt.element.bits / 8
+    if isinstance(fmt, QMapBlocks):
+        return fmt.bytes_per_element - fmt.bits / 8
+    return 0.0

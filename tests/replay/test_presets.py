@@ -436,10 +436,19 @@ def test_memory_table_counts_each_tensor_in_its_storage():
         for r in memory_table([PRESETS["torchao-8bit"], PRESETS["torchao-4bit"], embed32], sizes)
     }
     q8, q4 = 1 + 4 / 256, 0.5 + 4 / 128  # bytes per element of one state, scales included
-    assert rows["torchao-8bit"]["states"] == pytest.approx(2 * (16384 * q8 + 4324 * 4) / total, rel=1e-12)
-    assert rows["torchao-4bit"]["states"] == pytest.approx(2 * (20608 * q4 + 100 * 4) / total, rel=1e-12)
-    assert rows["embed32"]["states"] == pytest.approx(2 * (12416 * q4 + 8292 * 4) / total, rel=1e-12)
-    assert rows["torchao-4bit"]["total"] == pytest.approx(4 + 4 + rows["torchao-4bit"]["states"], rel=1e-12)
+    assert rows["torchao-8bit"]["states"] + rows["torchao-8bit"]["scales"] == pytest.approx(
+        2 * (16384 * q8 + 4324 * 4) / total, rel=1e-12
+    )
+    assert rows["torchao-4bit"]["states"] + rows["torchao-4bit"]["scales"] == pytest.approx(
+        2 * (20608 * q4 + 100 * 4) / total, rel=1e-12
+    )
+    assert rows["embed32"]["states"] + rows["embed32"]["scales"] == pytest.approx(
+        2 * (12416 * q4 + 8292 * 4) / total, rel=1e-12
+    )
+    assert rows["torchao-4bit"]["total"] == pytest.approx(
+        4 + 4 + rows["torchao-4bit"]["states"] + rows["torchao-4bit"]["scales"], rel=1e-12
+    )
+    assert rows["torchao-4bit"]["scales"] == pytest.approx(2 * 20608 * 4 / 128 / total, rel=1e-12)
 
 
 def test_generic_presets_quantize_every_tensor():

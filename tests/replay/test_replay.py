@@ -163,7 +163,8 @@ def test_memory_table_by_hand():
     assert rows["fp32"]["total"] == 16.0
     # 8-bit states with a float32 absmax per 256 for the big tensor, float32 states for the small one
     states = (8192 * 2 * (1 + 4 / 256) + 100 * 8) / 8292
-    assert rows["bnb-8bit"]["states"] == pytest.approx(states, rel=1e-12)
+    assert rows["bnb-8bit"]["states"] + rows["bnb-8bit"]["scales"] == pytest.approx(states, rel=1e-12)
+    assert rows["bnb-8bit"]["scales"] == pytest.approx(8192 * 2 * 4 / 256 / 8292, rel=1e-12)
     assert rows["bf16-master-kahan"]["master"] == 2 and rows["bf16-master-kahan"]["kahan_buffer"] == 2
     assert rows["msamp-o2"]["total"] == pytest.approx(2 + 4 + 1 + 2, rel=1e-12)  # fp16 master, fp32 grads
 
