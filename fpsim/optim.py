@@ -242,6 +242,13 @@ class Adam(Optimizer):
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "sqrt", Sqrt.resolve(self.sqrt))
+        betas = tuple(self.betas) if isinstance(self.betas, (list, tuple)) else self.betas
+        object.__setattr__(self, "betas", betas)
+        if not (isinstance(betas, tuple) and len(betas) == 2 and all(_real(b) and 0 <= b < 1 for b in betas)):
+            raise ValueError(f"{type(self).__name__}: betas must be two numbers in [0, 1), got {betas!r}")
+        if not (_real(self.eps) and self.eps >= 0):
+            raise ValueError(f"{type(self).__name__}: eps must be a finite number >= 0, got {self.eps!r}")
+        _check_decay(self)
 
     def step(self, p, g, states, lr, t, *, out=None, backend="auto"):
         outs = None if out is None else (out[0], out[1]["exp_avg"], out[1]["exp_avg_sq"])
@@ -315,6 +322,11 @@ class SGD(Optimizer):
     other_names = {"trace": "momentum_buffer"}  # optax's TraceState
     elementwise = True
 
+    def __post_init__(self) -> None:
+        if not (_real(self.momentum) and self.momentum >= 0):
+            raise ValueError(f"SGD: momentum must be a finite number >= 0, got {self.momentum!r}")
+        _check_decay(self)
+
     def needs_states(self, t: int) -> bool:
         return t > 1 and self.momentum != 0
 
@@ -338,6 +350,20 @@ def _sgd_step(p, g, buf, sc: tuple):
         (g,) = _fma(p, wd, g)
     buf = g if first else buf * mu + g
     return _fma(buf, neg_lr, p)[0], buf
+
+
+def _real(x: Any) -> bool:
+    """Whether ``x`` is a finite real number (not a bool)."""
+    return (
+        isinstance(x, (int, float, np.floating, np.integer)) and not isinstance(x, bool) and math.isfinite(x)
+    )
+
+
+def _check_decay(opt: Optimizer) -> None:
+    if not (_real(opt.weight_decay) and opt.weight_decay >= 0):
+        raise ValueError(
+            f"{type(opt).__name__}: weight_decay must be a finite number >= 0, got {opt.weight_decay!r}"
+        )
 
 
 def get_optimizer(name: str, **kwargs) -> Optimizer:

@@ -231,3 +231,19 @@ def test_step_writes_into_out_and_checks_it():
         np.testing.assert_array_equal(out[1][k].view(np.uint32), want_s[k].view(np.uint32))
     with pytest.raises(ValueError, match=r"out: need float32 arrays of shape \(3, 70000\), got float64"):
         SGD().step(p, g, {}, 0.1, 1, out=(p.astype(np.float64), {"momentum_buffer": np.empty_like(p)}))
+
+
+@pytest.mark.parametrize(
+    ("make", "message"),
+    [
+        (lambda: Adam(betas=(1.0, 0.999)), "betas must be two numbers in"),
+        (lambda: Adam(betas=(0.9,)), "betas must be two numbers in"),
+        (lambda: AdamW(eps=-1e-8), "eps must be a finite number >= 0"),
+        (lambda: AdamW(weight_decay=float("nan")), "weight_decay must be a finite number >= 0"),
+        (lambda: SGD(momentum=-0.1), "momentum must be a finite number >= 0"),
+    ],
+)
+def test_bad_hyper_parameters_are_refused_by_name(make, message):
+    with pytest.raises(ValueError, match=message):
+        make()
+    assert Adam(betas=[0.8, 0.99]).betas == (0.8, 0.99)

@@ -41,6 +41,7 @@ step in :mod:`.fused`; this module runs the steps. :func:`replay` resolves its `
 from __future__ import annotations
 
 import fnmatch
+import math
 import os
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
@@ -143,7 +144,8 @@ def replay(
             recorded count, else its step number); the other steps keep their distance to it.
 
     Raises:
-        ValueError: an unknown configuration, step, tensor, backend, sqrt or mode; update
+        ValueError: an unknown configuration, step, tensor, backend, sqrt or mode; a negative
+            or non-finite lr; update
             counts below 1 or (sequence) with gaps; a missing parameter or state, or a state
             the optimizer does not use; a gradient of the wrong shape; or a step without a
             recorded lr when ``lr`` is None. Each message names the steps and tensors.
@@ -154,6 +156,10 @@ def replay(
 
     backend = Backend.resolve(backend)
     mode = Mode.resolve(mode)
+    if lr is not None and (
+        isinstance(lr, bool) or not isinstance(lr, (int, float)) or not 0 <= lr < math.inf
+    ):
+        raise ValueError(f"replay: lr must be a finite number >= 0 (or None: the trace's), got {lr!r}")
     optimizer = optimizer or AdamW()
     if sqrt is not None:
         optimizer = optimizer.with_sqrt(Sqrt.resolve(sqrt))
