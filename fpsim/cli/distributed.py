@@ -11,17 +11,9 @@ import argparse
 from collections.abc import Sequence
 from typing import Any
 
+from .output import positive_int
+
 __all__ = ["add_dask_argument", "run_analyze"]
-
-
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
-    return value
 
 
 def add_dask_argument(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
@@ -41,7 +33,7 @@ def add_dask_argument(parser: argparse.ArgumentParser) -> argparse.ArgumentParse
     )
     group.add_argument(
         "--workers",
-        type=_positive_int,
+        type=positive_int,
         default=2,
         metavar="N",
         help="worker processes for --dask local (default 2)",

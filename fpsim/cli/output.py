@@ -5,12 +5,13 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 from collections.abc import Mapping
 from typing import Any
 
 from .._compiled import Backend
 
-__all__ = ["add_backend_argument", "emit"]
+__all__ = ["add_backend_argument", "emit", "non_negative", "positive_int"]
 
 
 def emit(summary: Mapping[str, Any], text: str, paths: Mapping[str, Any], as_json: bool) -> int:
@@ -39,3 +40,25 @@ def add_backend_argument(parser: argparse.ArgumentParser) -> None:
         help="where the hot loops run: numpy, compiled (numba) or auto (default: compiled when "
         "numba is installed)",
     )
+
+
+def positive_int(text: str) -> int:
+    """An argparse type: an integer >= 1 (argparse names the flag in the error)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
+    return value
+
+
+def non_negative(text: str) -> float:
+    """An argparse type: a finite number >= 0 (argparse names the flag in the error)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"takes a number, got {text!r}") from None
+    if not math.isfinite(value) or value < 0:
+        raise argparse.ArgumentTypeError(f"must be a finite number >= 0, got {text!r}")
+    return value

@@ -11,10 +11,9 @@ Every flag value is checked here, and a bad one is an error that names the flag.
 from __future__ import annotations
 
 import argparse
-import math
 from typing import Any
 
-from .output import add_backend_argument, emit
+from .output import add_backend_argument, emit, non_negative, positive_int
 
 __all__ = ["DEFAULT_CONFIGS", "add_parser", "run"]
 
@@ -46,18 +45,18 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     r.add_argument("--optimizer", default="adamw", choices=["adam", "adamw", "sgd"])
     r.add_argument(
         "--weight-decay",
-        type=_non_negative("--weight-decay"),
+        type=non_negative,
         default=None,
         help="default: the optimizer's own",
     )
     r.add_argument(
-        "--lr", type=_non_negative("--lr"), default=None, help="learning rate (default: the trace's per step)"
+        "--lr", type=non_negative, default=None, help="learning rate (default: the trace's per step)"
     )
     r.add_argument(
         "--betas", type=_betas, default=None, metavar="B1,B2", help="Adam's betas (default 0.9,0.999)"
     )
-    r.add_argument("--eps", type=_non_negative("--eps"), default=None, help="Adam's eps (default 1e-8)")
-    r.add_argument("--momentum", type=_non_negative("--momentum"), default=None, help="SGD's momentum (0.9)")
+    r.add_argument("--eps", type=non_negative, default=None, help="Adam's eps (default 1e-8)")
+    r.add_argument("--momentum", type=non_negative, default=None, help="SGD's momentum (0.9)")
     r.add_argument(
         "--sqrt",
         choices=["ieee", "torch"],
@@ -76,7 +75,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     )
     r.add_argument(
         "--first-update",
-        type=_positive_int("--first-update"),
+        type=positive_int,
         default=None,
         metavar="N",
         help="the optimizer's update count at the first replayed step (default: the trace's "
@@ -117,7 +116,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     )
     r.add_argument(
         "--min-quantized-size",
-        type=_positive_int("--min-quantized-size"),
+        type=positive_int,
         default=None,
         metavar="N",
         help="tensors with fewer elements keep FP32 states (bitsandbytes' min_8bit_size)",
@@ -296,31 +295,3 @@ def _betas(text: str) -> tuple[float, float]:
     if not (0 <= b1 < 1 and 0 <= b2 < 1):
         raise argparse.ArgumentTypeError(f"betas must lie in [0, 1), got {text!r}")
     return b1, b2
-
-
-def _non_negative(flag: str):
-    def parse(text: str) -> float:
-        try:
-            v = float(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"takes a number, got {text!r}") from None
-        if not math.isfinite(v) or v < 0:
-            raise argparse.ArgumentTypeError(f"must be a finite number >= 0, got {text!r}")
-        return v
-
-    parse.__name__ = flag  # argparse names the flag in its message
-    return parse
-
-
-def _positive_int(flag: str):
-    def parse(text: str) -> int:
-        try:
-            v = int(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"takes an integer, got {text!r}") from None
-        if v < 1:
-            raise argparse.ArgumentTypeError(f"must be >= 1, got {text!r}")
-        return v
-
-    parse.__name__ = flag
-    return parse

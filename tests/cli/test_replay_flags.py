@@ -19,7 +19,7 @@ from fpsim.cli.app import main
         ("--betas", "0.9", "argument --betas: takes B1,B2"),
         ("--steps", "5:3", "argument --steps: takes A:B with 0 <= A <= B"),
         ("--steps", "abc", "argument --steps: takes A:B or A with integer steps"),
-        ("--first-update", "0", "argument --first-update: must be >= 1"),
+        ("--first-update", "0", "argument --first-update: expected a positive integer"),
         ("--mode", "all", "argument --mode: invalid choice"),
         ("--sqrt", "exact", "argument --sqrt: invalid choice"),
     ],
