@@ -246,20 +246,18 @@ def _nvfp4_scaled(b, amax, tamax_ptr, nbits, rm, s_fmt, d_fmt):
 
 
 @triton.jit
-def _codebook_codes(b, amax, mask, mid_ptr, eps_bits, max_int, NMID: tl.constexpr, NMID_LOG2: tl.constexpr):
-    """bitsandbytes: the index of the nearest entry of ``clip(x * f32(1 / max(amax, 1e-38)),
-    -1, 1)``, by binary search over the float32 midpoints (searchsorted left); NaN: the last."""
+def _codebook_codes(b, amax, mask, mid_ptr, NMID: tl.constexpr, NMID_LOG2: tl.constexpr):
+    """bitsandbytes' CUDA kernel (kQuantizeBlockwise, dQuantize): ``v = x * f32(1 / amax)``
+    (amax 0 gives inf), the index ``#{i : t[i] < v}`` by binary search over the host's
+    thresholds (fpsim.emulate.scale_rules.nearest_thresholds: ties to the even entry); NaN: 0."""
     one = tl.full((1, 1), 1.0, tl.float32)
-    tiny = _f32(_u32(eps_bits)) * one  # f32(1e-38), from the host
-    a = tl.where(amax < tiny, tiny, amax)
-    xs = _f32(b) * tl.math.div_rn(one, a)
-    xs = tl.where(xs < -1.0, -1.0, tl.where(xs > 1.0, 1.0, xs))
+    xs = _f32(b) * tl.math.div_rn(one, amax)
     q = (b * 0).to(tl.int32)
     for step_log in tl.static_range(NMID_LOG2):
         step = (NMID >> 1) >> step_log
         below = tl.load(mid_ptr + (q + step - 1), mask=mask, other=0.0) < xs
         q = q + tl.where(below, step, 0)
-    return tl.where(xs != xs, max_int, q)
+    return tl.where(xs != xs, 0, q)
 
 
 @triton.jit
@@ -407,7 +405,7 @@ def block_kernel(
         )
         v, sc = _nvfp4_scaled(b, amax, tamax_ptr, nbits, rm, s_fmt, d_fmt)
     elif RULE == _CODEBOOK:
-        q = _codebook_codes(b, amax, mask, mid_ptr, eps_bits, max_int, NMID, NMID_LOG2)
+        q = _codebook_codes(b, amax, mask, mid_ptr, NMID, NMID_LOG2)
         sc = ab
     else:
         v, sc, e = _mx_scaled(b, amax, ab, inv_max_bits, even_inc, emax, RULE)

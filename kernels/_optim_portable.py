@@ -140,19 +140,16 @@ def _store_state(
     else:
         one = tl.full((1, 1), 1.0, tl.float32)
         zero = b * 0
-        if KIND == _CODEBOOK:  # bitsandbytes: v = clip(x * f32(1 / max(amax, 1e-38)), -1, 1)
+        if KIND == _CODEBOOK:  # bitsandbytes' CUDA kernel: v = x * f32(1 / amax), no clamp
             ab = _row_amax_bits(b, mask, True)
             amax = _f32(ab)
-            tiny = _f32(_u32(eps_bits)) * one  # f32(1e-38), from the host
-            a = tl.where(amax < tiny, tiny, amax)
-            xs = x * tl.math.div_rn(one, a)
-            xs = tl.where(xs < -1.0, -1.0, tl.where(xs > 1.0, 1.0, xs))
-            q = zero.to(tl.int32)  # midpoints below xs (searchsorted left): binary search
+            xs = x * tl.math.div_rn(one, amax)  # amax 0: inf (x = 0 gives NaN)
+            q = zero.to(tl.int32)  # thresholds below xs (ties to the even entry): binary search
             for step_log in tl.static_range(8):
                 step = 128 >> step_log
                 below = tl.load(mid_ptr + (q + step - 1), mask=mask, other=0.0) < xs
                 q = q + tl.where(below, step, 0)
-            code = tl.where(xs != xs, max_int, q).to(tl.uint32)  # NaN: the last entry
+            code = tl.where(xs != xs, 0, q).to(tl.uint32)  # NaN: entry 0, as dQuantize
             sc = ab
         else:  # ABSMAX: s = f32(max(amax, eps) / elem_max); cast(f32(x / s)), saturating
             ab = _row_amax_bits(b, mask, False)

@@ -6,7 +6,8 @@
 and INT8 elements), Transformer Engine current scaling per tensor (two passes: an amax
 reduction, then the cast), per row, 1x128 blocks and 128x128 tiles (``pow2``), linear
 block INT8 / FP8 (ABSMAX), NVFP4 (two passes: the tensor amax, then the blocks) and the
-bitsandbytes dynamic codebook (nearest entry by float32 midpoints, ties to the lower one).
+bitsandbytes dynamic codebook (its CUDA kernel's nearest entry: float32 midpoints, ties to the
+even entry).
 
 The kernels (``_blocks_portable.py``) compute each block's amax as an integer max of the
 magnitude bits, the scale in float32 in the emulator's order with correctly rounded
@@ -29,6 +30,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
+from fpsim.emulate.scale_rules import nearest_thresholds
 from fpsim.formats import FORMATS, BlockFormat, Codebook, Format, IntFormat, RoundMode, ScaleRule, get_format
 
 from ._codes import Random, rule_code
@@ -230,11 +232,12 @@ def _nvfp4_tensor_scale(amax_bits: int) -> float:
 
 
 def _midpoints(book: Codebook, device: Any) -> Any:
-    """float32 midpoints ``f32((c[i] + c[i+1]) / 2)`` padded with +inf to 256."""
+    """The nearest-entry thresholds (:func:`fpsim.emulate.scale_rules.nearest_thresholds`: the
+    float32 midpoints, one float32 lower where the lower entry is odd) padded with +inf to 256."""
     torch = require_torch()
     c = book.table
     mid = np.full(256, np.inf, np.float32)
-    mid[: c.size - 1] = (c[:-1] + c[1:]) / np.float32(2)
+    mid[: c.size - 1] = nearest_thresholds(c)
     return torch.from_numpy(mid).to(device)
 
 
@@ -258,10 +261,9 @@ def _kernel_args(bf: BlockFormat, mode: RoundMode, nbits: int) -> tuple[dict, di
     rt.update({k: dr[k] for k in dr if k not in ("d_fb", "d_ibits", "d_imask")})
     emax = math.frexp(bf.elem_max)[1] - 1
     m = el.mantissa_bits if isinstance(el, Format) else (el.bits - 2 if isinstance(el, IntFormat) else 0)
-    eps = 1e-38 if isinstance(el, Codebook) else bf.eps
     rt.update(
         elem_max_bits=_bits32(bf.elem_max),
-        eps_bits=_bits32(eps),
+        eps_bits=_bits32(bf.eps),  # codebooks: unused (no clamp of the absmax)
         inv_max_bits=_bits32(1 / bf.elem_max),
         emax=emax,
         even_inc=_i32(1 << (22 - m)),

@@ -75,6 +75,7 @@ import numpy as np
 
 from fpsim.emulate import decode, encode
 from fpsim.emulate.blocks import BlockCodes
+from fpsim.emulate.scale_rules import nearest_thresholds
 from fpsim.formats import RECIPES, BlockFormat, Codebook, Format, IntFormat, RoundMode, ScaleRule, get_format
 from fpsim.optim import Adam, AdamW, Sqrt
 
@@ -346,8 +347,8 @@ def _state_consts(bf: BlockFormat | None) -> tuple[StateKind, int, dict[str, int
     if isinstance(el, Codebook):
         c = el.table
         table[: c.size] = c
-        mids[: c.size - 1] = (c[:-1] + c[1:]) / _F32(2)  # as fpsim.emulate.blocks's bucket lookup
-        rt.update(max_int=c.size - 1, eps_bits=_bits32(1e-38))
+        mids[: c.size - 1] = nearest_thresholds(c)  # as fpsim.emulate.blocks's bucket lookup
+        rt.update(max_int=c.size - 1)  # no eps: bitsandbytes does not clamp the absmax
         return state_kind(bf), int(Enc.IEEE), rt, table, mids
     table[: 1 << el.bits] = decode(np.arange(1 << el.bits, dtype=np.uint8), el)
     ftz = not getattr(el, "subnormals", True)

@@ -195,22 +195,23 @@ def absmax(x):
 @jit
 def codebook_tile(x, block, first, base, thr, table, codes, absmaxes, values):
     # fpsim.emulate.scale_rules.codebook_codes (nearest) on whole blocks x (block `first` onwards): absmax,
-    # v = x * f32(1/max(a, 1e-38)), index = base[key] + (v > thr[key]) with key = the top
-    # 16 bits of v, and the decoded value table[index] * a (fpsim.emulate.blocks._decode_rows)
-    # (every inner loop runs over slices from 0: an index of unknown sign makes numba check
-    # it for wraparound, and such loops run several times slower)
+    # v = x * f32(1/a) (bitsandbytes' kernels: a = 0 gives inf), index = base[key] + (v > thr[key])
+    # with key = the top 16 bits of v, 0 for a NaN v, and the decoded value table[index] * a
+    # (fpsim.emulate.blocks._decode_rows) (every inner loop runs over slices from 0: an index of
+    # unknown sign makes numba check it for wraparound, and such loops run several times slower)
     n = x.size
-    one, tiny = np.float32(1), np.float32(1e-38)
+    one = np.float32(1)
     for b in range(-(-n // block)):
         lo, hi = b * block, min(n, (b + 1) * block)
         xs, cs, vs = x[lo:hi], codes[lo:hi], values[lo:hi]
         a = absmax(xs)
         absmaxes[first + b] = a
-        inv = one / max(a, tiny)
+        inv = one / a
         for i in range(xs.size):
             v = xs[i] * inv
             k = bits32(v) >> 16
             q = base[k] + (1 if v > thr[k] else 0)
+            q = q if v == v else 0
             cs[i] = q
             vs[i] = table[q] * a
 

@@ -19,7 +19,7 @@ import numpy as np
 from ..formats import BlockFormat, Codebook, Format, RoundMode, ScaleRule
 from . import element
 
-__all__ = ["prescale", "codebook_codes", "codebook_round", "nearest_buckets"]
+__all__ = ["prescale", "codebook_codes", "codebook_round", "nearest_thresholds", "nearest_buckets"]
 
 _F32 = np.float32
 _FLT_MAX = np.finfo(np.float32).max
@@ -89,27 +89,33 @@ def _nvfp4(xb: np.ndarray, amax: np.ndarray, bf: BlockFormat, tensor_amax: float
 def codebook_codes(xb, amax, book: Codebook, mode: RoundMode, rand, nbits: int):
     """bitsandbytes blockwise quantization: ``x * f32(1/absmax)``, then a codebook index."""
     c = book.table
-    if book.lut_bins:  # bitsandbytes 0.50.2 CPU kernel
-        v = np.clip(xb * (_F32(1) / amax), _F32(-1), _F32(1))
-        a = ((v + _F32(1)) * _F32(0.5)).astype(np.float64)
-        k = (a * (book.lut_bins - 1) + 0.5).astype(_F32)  # one rounding, as the fused FMA
-        k = np.where(np.isnan(k), 0, np.trunc(k)).astype(np.int64) & 0xFFFF
-        q = _bnb_lut(book)[k]
-        q = np.where(amax == 0, 0, q).astype(np.uint8)
-    else:  # bitsandbytes' CUDA and pure-torch paths: nearest entry, ties to the lower one
-        v = xb * (_F32(1) / np.maximum(amax, _F32(1e-38)))
-        if mode is not _R.NEAREST_EVEN:  # (the nearest-entry buckets map |v| > 1 to the ends)
-            v = np.clip(v, _F32(-1), _F32(1))
-        q = codebook_round(v, c, mode, rand, nbits)
+    with np.errstate(divide="ignore", over="ignore", invalid="ignore"):
+        inv = _F32(1) / amax  # absmax 0 up to 2**-128 -> inf, inf -> 0 (no clamp)
+        if book.lut_bins:  # bitsandbytes 0.50.2 CPU kernel
+            v = np.clip(xb * inv, _F32(-1), _F32(1))
+            a = ((v + _F32(1)) * _F32(0.5)).astype(np.float64)
+            k = (a * (book.lut_bins - 1) + 0.5).astype(_F32)  # one rounding, as the fused FMA
+            k = np.where(np.isnan(k), 0, np.trunc(k)).astype(np.int64) & 0xFFFF
+            q = _bnb_lut(book)[k]
+            q = np.where(amax == 0, 0, q).astype(np.uint8)
+        else:  # bitsandbytes' CUDA kernel (kQuantizeBlockwise, dQuantize): see Codebook
+            v = xb * inv
+            if mode is not _R.NEAREST_EVEN:  # (the nearest search maps |v| > 1 to the ends)
+                v = np.clip(v, _F32(-1), _F32(1))
+            q = codebook_round(v, c, mode, rand, nbits)
     return q, amax.astype(_F32).view(np.uint32), None
 
 
 def codebook_round(v, c, mode: RoundMode, rand, nbits: int) -> np.ndarray:
+    """Codebook index of each float32 ``v``; NaN gives index 0 in every mode (bitsandbytes'
+    dQuantize: every comparison with NaN is false)."""
+    nan = v != v
     if mode is _R.NEAREST_EVEN:
         base, thr = nearest_buckets(c)
         key = v.astype(_F32, copy=False).view(np.uint32) >> np.uint32(16)
         q = base[key]
         np.add(q, v > thr[key], out=q, casting="unsafe")
+        np.putmask(q, nan, 0)
         return q
     if mode not in (_R.STOCHASTIC, _R.TOWARD_ZERO, _R.TOWARD_POSITIVE, _R.TOWARD_NEGATIVE):
         raise ValueError(
@@ -128,37 +134,51 @@ def codebook_round(v, c, mode: RoundMode, rand, nbits: int) -> np.ndarray:
     else:
         up = (~exact) & (v < 0)
     q = lo + (up & ~exact)
-    return np.where(v < c[0], 0, q).astype(np.uint8)  # below the first entry: it is the only one
+    return np.where((v < c[0]) | nan, 0, q).astype(np.uint8)  # below the first entry: it is the only one
+
+
+def nearest_thresholds(c: np.ndarray) -> np.ndarray:
+    """The nearest-entry rule of bitsandbytes' CUDA kernel as thresholds: the index of a
+    float32 ``v`` is ``#{i : v > t[i]}`` (``searchsorted(t, v, side="left")``), NaN aside.
+
+    ``t[i]`` is the float32 midpoint ``m = f32(f32(c[i] + c[i+1]) * 0.5)`` for even ``i`` and
+    the float32 just below it for odd ``i``: a ``v`` equal to a midpoint goes to the even one
+    of the two entries (``dQuantize`` in csrc/kernels.cu, see :class:`~fpsim.formats.Codebook`).
+    """
+    c = np.asarray(c, _F32)
+    mid = ((c[:-1] + c[1:]) * _F32(0.5)).astype(_F32)
+    odd = (np.arange(mid.size) & 1).astype(bool)
+    return np.where(odd, np.nextafter(mid, _F32(-np.inf)), mid).astype(_F32)
 
 
 _BUCKETS: dict[bytes, tuple[np.ndarray, np.ndarray]] = {}
 
 
 def nearest_buckets(c: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """O(1) form of ``searchsorted(f32 midpoints, v, side="left")`` for float32 ``v``.
+    """O(1) form of ``searchsorted(nearest_thresholds(c), v, side="left")`` for float32 ``v``.
 
     The float32 values sharing their top 16 bits form an interval; over it the index is a
     step function with at most one step for these codebooks, so index = ``base[key] +
-    (v > thr[key])`` (``thr`` = the midpoint inside the interval, or +inf); values beyond
-    the ends get the end entries and NaN the last entry. Built once per codebook; intervals
-    holding two or more midpoints are refused (they do not occur in the bitsandbytes maps;
-    the tests compare with searchsorted on every float32 bucket edge).
+    (v > thr[key])`` (``thr`` = the threshold inside the interval, or +inf); +inf gets the
+    last entry and -inf the first. NaN is left to the caller (index 0: the keys of +-inf
+    hold NaNs too). Built once per codebook; intervals holding two or more thresholds are
+    refused (they do not occur in the bitsandbytes maps; the tests compare with searchsorted
+    on every float32 bucket edge).
     """
     k = c.tobytes()
     if k not in _BUCKETS:
-        mid = (c[:-1] + c[1:]) / _F32(2)
+        t = nearest_thresholds(c)
         keys = np.arange(1 << 16, dtype=np.uint32) << np.uint32(16)
         a, b = keys.view(_F32), (keys | np.uint32(0xFFFF)).view(_F32)
-        lo, hi = np.minimum(a, b), np.maximum(a, b)
+        special = (keys & np.uint32(0x7F800000)) == np.uint32(0x7F800000)  # +-inf and NaN keys
         with np.errstate(invalid="ignore"):
-            q_lo = np.searchsorted(mid, lo, side="left")
-            q_hi = np.searchsorted(mid, hi, side="left")
-        finite = np.isfinite(lo) & np.isfinite(hi)
-        if np.any(finite & (q_hi - q_lo > 1)):
+            lo, hi = np.where(special, 0, np.minimum(a, b)), np.where(special, 0, np.maximum(a, b))
+        q_lo = np.searchsorted(t, lo, side="left")
+        q_hi = np.searchsorted(t, hi, side="left")
+        if np.any(q_hi - q_lo > 1):
             raise ValueError("codebook too dense for the bucket lookup")
-        thr = np.where(q_hi > q_lo, mid[np.minimum(q_lo, mid.size - 1)], np.inf).astype(_F32)
-        nan = (keys & np.uint32(0x7F800000)) == np.uint32(0x7F800000)  # NaN (and inf) keys
-        q_lo[nan], thr[nan] = c.size - 1, np.inf  # NaN -> the last entry, as bitsandbytes
+        thr = np.where(q_hi > q_lo, t[np.minimum(q_lo, t.size - 1)], np.inf).astype(_F32)
+        q_lo[special], thr[special] = np.where(keys[special] >> np.uint32(31), 0, c.size - 1), np.inf
         _BUCKETS[k] = (q_lo.astype(np.uint8), thr)
     return _BUCKETS[k]
 

@@ -76,14 +76,27 @@ class Codebook:
     Args:
         name: e.g. ``"bnb_dynamic8"``.
         values: strictly increasing values, exactly representable in float32.
-        lut_bins: 0 encodes to the nearest entry as bitsandbytes' CUDA kernel and
-            pure-torch path decide it: ``v`` against the float32 midpoints
-            ``f32((c[i] + c[i+1]) / 2)``, ties to the lower index. Where a midpoint rounded
-            up in float32, the one value equal to it goes to the lower entry although the
-            upper is nearer (54 values of the signed map, 43 of the unsigned). 65536
-            reproduces bitsandbytes 0.50.2's CPU kernel, which snaps ``(v + 1) / 2`` to a
-            grid of 65536 bins before the lookup and so misses the nearest entry for about
-            0.15% of normal data.
+        lut_bins: 0 encodes to the nearest entry as bitsandbytes' CUDA kernel does
+            (csrc/kernels.cu ``kQuantizeBlockwise`` with ``dQuantize<0>``):
+            ``v = f32(x * f32(1/absmax))`` with no clamp of the absmax (an absmax of 0 up
+            to 2**-128 = 2.94e-39 makes ``1/absmax`` inf, an inf absmax makes it 0), then the
+            kernel's binary search (pivot 127, steps 64 down to 1), which ends on an even
+            entry ``p`` and compares ``v`` with the float32 midpoints ``f32(f32(c[i] +
+            c[i+1]) * 0.5)`` of ``p`` and its neighbours. A ``v`` equal to a midpoint goes
+            to the even one of the two entries (up from an odd entry, down from an even one);
+            values beyond the ends go to the end entries; NaN (a NaN element, ``0 * inf`` in
+            a block of absmax 0, ``inf * 0``) goes to entry 0, so an all-zero block has
+            codes 0. Where a midpoint rounded in float32, the value equal to it can go to
+            the farther entry (55 values of the signed map, 44 of the unsigned). Tables
+            shorter than 256 follow the same parity rule. fpsim's reciprocal is IEEE
+            (correctly rounded); bitsandbytes builds its CUDA library with
+            ``--use_fast_math`` (approximate reciprocal, subnormals flushed to zero), so a
+            GPU may differ for blocks with a subnormal absmax or elements and, rarely, for
+            a value next to a midpoint. bitsandbytes' pure-torch path
+            (backends/default/ops.py) differs too: absmax clamped at 1e-38, ties to the
+            lower entry, NaN to the last. 65536 reproduces bitsandbytes 0.50.2's CPU
+            kernel, which snaps ``(v + 1) / 2`` to a grid of 65536 bins before the lookup
+            and so misses the nearest entry for about 0.15% of normal data.
     """
 
     name: str

@@ -545,20 +545,21 @@ def codebook_bf(signed: bool, bs: int = 256) -> BlockFormat:
 
 
 def brute_force_codes(x: np.ndarray, table: np.ndarray, bs: int):
-    """v = clip(f32(x * f32(1/max(absmax, 1e-38))), -1, 1); index of the nearest entry by
-    float64 |c - v|, ties to the lower index."""
+    """v = f32(x * f32(1/absmax)) (no clamp: absmax 0 gives inf); index of the nearest entry by
+    float64 |c - v| (ties to the lower index; the tests using it avoid midpoints), NaN -> 0."""
     xb = R.blocks_flat(x, bs)
-    amax = R.nan_amax(xb)
-    inv = (F32(1) / np.maximum(amax, F32(1e-38))).astype(F32)
-    v = np.clip((xb * inv).astype(F32), F32(-1), F32(1))
-    q = R.nearest_index(v, table).reshape(xb.shape)
+    amax = R.fmax_amax(xb)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        inv = (F32(1) / amax).astype(F32)
+        v = (xb * inv).astype(F32)
+    q = np.where(np.isnan(v), 0, R.nearest_index(np.nan_to_num(v), table).reshape(xb.shape))
     return R.unblocks_flat(q.astype(np.uint8), x.shape), R.f32_bits(amax[:, 0]), v
 
 
 @pytest.mark.parametrize("signed", [True, False], ids=["signed", "unsigned"])
 def test_codebook_nearest_on_random_data(signed):
-    """lut_bins=0 is the nearest entry, ties to the lower index: brute force on N(0,1)
-    blocks, log-spread magnitudes, a zero block and a ragged tail."""
+    """lut_bins=0 is the nearest entry: brute force on N(0,1) blocks, log-spread magnitudes, a
+    zero block (absmax 0: 1/absmax is inf, 0 * inf NaN, code 0) and a ragged tail."""
     rng = np.random.default_rng(16)
     x = rng.standard_normal(256 * 200 + 77).astype(F32)
     x[: 256 * 20] *= np.exp(rng.uniform(-15, 15, 256 * 20)).astype(F32)
@@ -571,14 +572,15 @@ def test_codebook_nearest_on_random_data(signed):
     bc = fpsim.encode(x, codebook_bf(signed))
     R.assert_hex_equal(bc.scales.view(np.uint32), scales, "absmax", width=8)
     R.assert_hex_equal(bc.codes, want, "codes", inputs=x)
-    assert bc.codes[256 * 30] == (127 if signed else 0)  # v = 0 is an entry
+    assert (bc.codes[256 * 30 : 256 * 31] == 0).all()  # kQuantizeBlockwise: NaN -> entry 0
 
 
 @pytest.mark.parametrize("signed", [True, False], ids=["signed", "unsigned"])
 def test_codebook_nearest_specials(signed):
     """Blocks whose absmax element scales to 1 or just below it, with NaN and +-inf elements:
-    brute force on the clipped values, and NaN (a NaN element, or a block whose absmax is inf,
-    where the inf becomes inf * 0 = NaN) gets the last entry, as searchsorted sorts NaN last."""
+    brute force on the normalized values, and NaN (a NaN element, or a block whose absmax is
+    inf, where the inf becomes inf * 0 = NaN) gets entry 0: dQuantize's comparisons with NaN
+    are all false, which walks the binary search down to pivot 0."""
     rng = np.random.default_rng(17)
     amax = rng.uniform(1, 2, 4096).astype(F32)
     assert (amax * (F32(1) / amax) < F32(1)).any()  # 1 - ulp: the entry below 1 may be nearer
@@ -591,11 +593,11 @@ def test_codebook_nearest_specials(signed):
     xb = x.reshape(-1, 4)
     amax = np.fmax.reduce(np.abs(xb), axis=1, initial=0, keepdims=True)  # fmaxf skips NaN (bnb CUDA)
     with np.errstate(invalid="ignore"):
-        v = np.clip((xb * (F32(1) / np.maximum(amax, F32(1e-38)))).astype(F32), F32(-1), F32(1)).reshape(-1)
-    want = np.where(np.isnan(v), book.table.size - 1, R.nearest_index(np.nan_to_num(v), book.table))
+        v = (xb * (F32(1) / amax)).astype(F32).reshape(-1)
+    want = np.where(np.isnan(v), 0, R.nearest_index(np.nan_to_num(v), book.table))
     bc = fpsim.encode(x, codebook_bf(signed, bs=4))
     R.assert_hex_equal(bc.codes, want, "codes", inputs=x)
-    assert bc.codes[5] == bc.codes[9] == book.table.size - 1  # NaN; inf * f32(1/inf) = NaN
+    assert bc.codes[5] == bc.codes[9] == 0  # NaN; inf * f32(1/inf) = NaN
 
 
 @pytest.mark.parametrize("signed", [True, False], ids=["signed", "unsigned"])
@@ -603,12 +605,12 @@ def test_codebook_nearest_at_midpoints(signed):
     """The hardest points for the codebook rule: every float32 value at or next to the midpoint
     of two neighbouring entries (a block whose absmax is 1, so v = x).
 
-    bitsandbytes' CUDA kernel and pure-torch path compare v with float32-rounded midpoints
-    ``f32((c[i] + c[i+1]) / 2)`` (ties to the lower index), and fpsim does the same. Where a
-    midpoint is exact in float32 that is "nearest, ties lower"; where it rounded up, the one
-    float32 value equal to the rounded midpoint goes to the lower entry although the upper one
-    is nearer. Expected codes are transcribed from that rule with searchsorted over the
-    float32 midpoints, and the disagreement with exact nearest is pinned to those points.
+    bitsandbytes' CUDA kernel (csrc/kernels.cu dQuantize<0>, transcribed step by step in
+    oracles.scaling.bnb_dquantize) compares v with the float32-rounded midpoints
+    ``f32(f32(c[i] + c[i+1]) * 0.5)`` around the even pivot its binary search ends on: a v
+    equal to a midpoint goes to the even entry of the pair (up from an odd entry, down from
+    an even one). Where the midpoint is exact that is a tie broken to even; where it rounded,
+    the even entry can be the farther one, pinned here to those points.
     """
     book = Codebook.bnb_dynamic(signed)
     c = book.table.astype(np.float64)
@@ -619,41 +621,114 @@ def test_codebook_nearest_at_midpoints(signed):
     )
     pts = np.unique(pts[(pts >= c[0]) & (pts <= c[-1])])
     x = np.concatenate([[F32(1)], pts]).astype(F32)
-    f32_mid = (book.table[:-1] + book.table[1:]) / F32(2)  # float32 arithmetic, as bitsandbytes
-    want = np.searchsorted(f32_mid.astype(np.float64), x.astype(np.float64), side="left")
+    want = R.bnb_dquantize(x, book.table)
     bc = fpsim.encode(x, codebook_bf(signed, bs=x.size))
     assert bc.scales.view(np.uint32)[0] == ONE
     R.assert_hex_equal(bc.codes, want, f"codes at midpoints ({book.name})", inputs=x)
-    exact = R.nearest_index(x, book.table)
-    differ = bc.codes != exact
-    rounded_up = f32_mid.astype(np.float64) > mids
-    assert set(x[differ].tolist()) == set(f32_mid[rounded_up].tolist())
-    assert np.count_nonzero(differ) == (54 if signed else 43)
+    f32_mid = ((book.table[:-1] + book.table[1:]) * F32(0.5)).astype(F32)  # float32, as the kernel
+    i = np.arange(f32_mid.size)
+    at = 1 + np.searchsorted(pts, f32_mid)
+    assert np.array_equal(x[at], f32_mid)
+    assert np.array_equal(x[at + 1], np.nextafter(f32_mid, F32(2)))
+    assert np.array_equal(x[at - 1], np.nextafter(f32_mid, F32(-2)))
+    R.assert_hex_equal(bc.codes[at], i + (i & 1), "midpoints: the even entry", inputs=f32_mid)
+    R.assert_hex_equal(bc.codes[at + 1], i + 1, "one float32 above: the upper entry")
+    R.assert_hex_equal(bc.codes[at - 1], i, "one float32 below: the lower entry")
+    d = np.abs(x[:, None].astype(np.float64) - c[None, :])
+    got_d, best = d[np.arange(x.size), bc.codes], d.min(axis=1)
+    farther = got_d > best
+    rounded = f32_mid.astype(np.float64) != mids
+    assert set(x[farther].tolist()) <= set(f32_mid[rounded].tolist())
+    assert np.count_nonzero(farther) == (55 if signed else 44)
+    exact_ties = np.flatnonzero(~rounded)
+    assert (bc.codes[at[exact_ties]] % 2 == 0).all() and np.any(exact_ties % 2 == 1)  # some go up
 
 
 def test_codebook_multiplies_by_the_inverse_absmax():
-    """The normalized value is f32(x * f32(1/absmax)) (bitsandbytes' CUDA kernel and its
+    """The normalized value is f32(x * f32(1/absmax)) (bitsandbytes' CUDA kernel, and its
     pure-torch full blocks), not x / absmax: with absmax 3, points within a few ulps of
-    midpoint * 3 where the two land on different entries (checked) follow the product.
-    Points whose product is a float32-rounded midpoint are left to
-    test_codebook_nearest_at_midpoints."""
+    midpoint * 3 where the two land on different entries (checked) follow the product,
+    through the kernel's search (oracles.scaling.bnb_kernel_codes)."""
     book = Codebook.bnb_dynamic(True)
     c = book.table
     exact_mid = (c[:-1].astype(np.float64) + c[1:]) / 2
-    m32 = ((c[:-1] + c[1:]) / F32(2)).astype(F32)
-    rounded = m32[m32.astype(np.float64) != exact_mid]
     cand = ulp_neighbours(exact_mid * 3)
     cand = cand[np.abs(cand) < 3]
     v_mul = (cand * (F32(1) / F32(3))).astype(F32)
     v_div = (cand / F32(3)).astype(F32)
-    differ = R.nearest_index(v_mul, c) != R.nearest_index(v_div, c)
+    differ = R.bnb_dquantize(v_mul, c) != R.bnb_dquantize(v_div, c)
     assert np.count_nonzero(differ) > 5, "premise: product and quotient must differ somewhere"
-    cand = cand[~np.isin(v_mul, rounded)]
     x = np.concatenate([[F32(3)], cand]).astype(F32)
-    want, scales, _ = brute_force_codes(x, c, x.size)
+    want, amax = R.bnb_kernel_codes(x, c)
     bc = fpsim.encode(x, codebook_bf(True, bs=x.size))
-    R.assert_hex_equal(bc.scales.view(np.uint32), scales, "absmax", width=8)
+    R.assert_hex_equal(bc.scales.view(np.uint32), R.f32_bits(amax), "absmax", width=8)
     R.assert_hex_equal(bc.codes, want, "codes", inputs=x)
+
+
+TINY_ABSMAX = [3e-39, 5e-39, 9.99e-39, 1.1e-38]  # subnormal, 1/absmax finite (the first three below 1e-38)
+
+
+@pytest.mark.parametrize("signed", [True, False], ids=["signed", "unsigned"])
+def test_codebook_tiny_and_zero_absmax_use_the_reciprocal(signed):
+    """No clamp of the absmax (bitsandbytes' kernels compute ``1.0f / absmax``;
+    only its pure-torch path clamps at 1e-38): blocks of the entries times subnormal absmaxes
+    above 2**-128 keep v = x * f32(1/absmax) at the entries (a 1e-38 clamp would scale v by
+    absmax * 1e38: 70% too small at 3e-39, 50% at 5e-39); an absmax of at most 2**-128 makes
+    1/absmax inf (v = +-inf: the end entries, zeros NaN: entry 0) and an all-zero block gives
+    codes 0. Codes and absmaxes against the kernel transcription
+    (oracles.scaling.bnb_kernel_codes)."""
+    book = Codebook.bnb_dynamic(signed)
+    c = book.table
+    x = R.bnb_hard_blocks(c, signed)
+    xb = x.reshape(-1, 256)
+    want, amax = R.bnb_kernel_codes(xb, c)
+    bc = fpsim.encode(x, codebook_bf(signed))
+    R.assert_hex_equal(bc.scales.view(np.uint32), R.f32_bits(amax[:, 0]), "absmax", width=8)
+    R.assert_hex_equal(bc.codes, want.reshape(-1), "codes", inputs=x)
+    codes, decoded = bc.codes.reshape(-1, 256), fpsim.decode(bc, codebook_bf(signed)).reshape(-1, 256)
+    rows = {float(a): r for r, a in enumerate(amax[:, 0])}
+    for a in TINY_ABSMAX:
+        r = rows[float(F32(a))]
+        assert codes[r, 255] == 255 and decoded[r, 255] == F32(a)  # 1.0 * absmax, not 0.3 .. 1 of it
+        big = np.abs(c) >= 0.05  # far above the subnormal spacing of x
+        assert np.array_equal(codes[r][big], np.arange(256)[big]), a  # each entry maps to itself
+        if a < 6e-39:
+            clamped = R.bnb_dquantize((xb[r] * (F32(1) / F32(1e-38))).astype(F32), c)
+            assert np.count_nonzero(clamped != codes[r]) > 250, "premise: the 1e-38 clamp differs"
+    for a in [2.0**-128, 1e-40, 2.0**-149]:
+        r = rows[float(F32(a))]
+        xr = xb[r]
+        end = np.where(xr > 0, 255, 0)
+        R.assert_hex_equal(codes[r], end, f"absmax {a}: +-inf and NaN", inputs=xr)
+    r = rows[float(np.nextafter(F32(2.0**-128), F32(1)))]  # the smallest absmax with finite 1/absmax
+    assert np.isfinite(F32(1) / amax[r, 0]) and codes[r, 255] == 255
+    assert (codes[rows[0.0]] == 0).all()
+
+
+@pytest.mark.parametrize("signed", [True, False], ids=["signed", "unsigned"])
+def test_codebook_tiny_absmax_equals_bitsandbytes_cpu(signed):
+    """bitsandbytes' CPU kernel (cpu_ops.cpp quantize_cpu_impl) has the CUDA kernel's scale:
+    ``1.0f / absmax``, no clamp, codes 0 for absmax 0, and +-inf clamped to the ends. On the
+    entries that its 65536-bin table resolves (neighbours more than 8 bins apart, |c| >= 0.01)
+    in blocks of absmax 3e-39 .. 1.1e-38, and on blocks of absmax at most 2**-128 and 0,
+    fpsim's nearest codes equal bitsandbytes' (the CPU functions have no nearest search of
+    their own: it is a table, see Codebook)."""
+    F = pytest.importorskip("bitsandbytes.functional")
+    book = Codebook.bnb_dynamic(signed)
+    c = book.table
+    gap = np.minimum(np.diff(c, prepend=-np.inf), np.diff(c, append=np.inf))
+    ok = (gap > 8 * 2 / 65535) & (np.abs(c) >= 0.01)
+    rows = []
+    for a in TINY_ABSMAX + [2.0**-128, 1e-40, 2.0**-149, 0.0]:
+        row = (F32(a) * c[ok]).astype(F32)
+        row = np.concatenate([row, np.full(256 - row.size, F32(a))])
+        rows.append(row if signed else np.abs(row))
+    x = np.concatenate(rows)
+    q, st = F.quantize_blockwise(torch.from_numpy(x), code=F.create_dynamic_map(signed=signed), blocksize=256)
+    bc = fpsim.encode(x, codebook_bf(signed))
+    R.assert_hex_equal(bc.scales.view(np.uint32), st.absmax.numpy().view(np.uint32), "absmax", width=8)
+    R.assert_hex_equal(bc.codes, q.numpy(), "codes against bitsandbytes' CPU kernel", inputs=x)
+    assert np.array_equal(bc.codes[: ok.sum()], np.flatnonzero(ok))  # 3e-39: each entry to itself
 
 
 def test_codebook_hand_values_and_decode():
@@ -772,10 +847,11 @@ def test_codebook_stochastic_rounding_unbiased():
 
 
 @pytest.mark.parametrize("signed", [True, False], ids=["signed", "unsigned"])
-def test_codebook_bucket_lookup_equals_searchsorted_on_every_bucket_edge(signed):
-    """The O(1) nearest lookup (top 16 bits of the float32 pick a bucket) against numpy's
-    searchsorted over the float32 midpoints, on both ends of every bucket, every midpoint and
-    its neighbours, and random values."""
+def test_codebook_bucket_lookup_equals_the_kernel_search_on_every_bucket_edge(signed):
+    """The O(1) nearest lookup (top 16 bits of the float32 pick a bucket) against the CUDA
+    kernel's binary search (oracles.scaling.bnb_dquantize), on both ends of every bucket
+    (+-inf and NaN patterns included, unclipped), every midpoint and its neighbours, and
+    random values."""
     from fpsim.emulate.scale_rules import codebook_round
     from fpsim.formats import RoundMode
 
@@ -786,15 +862,15 @@ def test_codebook_bucket_lookup_equals_searchsorted_on_every_bucket_edge(signed)
         [
             keys.view(F32),
             (keys | np.uint32(0xFFFF)).view(F32),
+            np.array([np.inf, -np.inf, np.nan, 0.0, -0.0], F32),
             mid,
             np.nextafter(mid, F32(2)),
             np.nextafter(mid, F32(-2)),
             np.random.default_rng(0).uniform(-1, 1, 100_000).astype(F32),
         ]
-    )
-    v = np.clip(v[np.isfinite(v)], -1, 1).astype(F32)
+    ).astype(F32)
     got = codebook_round(v, c, RoundMode.NEAREST_EVEN, None, 32)
-    R.assert_hex_equal(got, np.searchsorted(mid, v, side="left"), "bucket lookup", inputs=v)
+    R.assert_hex_equal(got, R.bnb_dquantize(v, c), "bucket lookup", inputs=v)
 
 
 ONE_AXIS = [k for k, b in fpsim.RECIPES.items() if b.block is not None and len(b.block) == 1 and k != "nvfp4"]
@@ -807,8 +883,6 @@ def test_large_tensors_encode_block_by_block(name, mode):
     decoded values equal those of encoding each group of blocks on its own (small inputs,
     one piece, the path the oracle tests check), with NaN, inf, zero blocks and a ragged end."""
     bf = fpsim.RECIPES[name]
-    if mode == "stochastic" and isinstance(bf.element, Codebook):
-        pytest.skip("codebooks round to nearest here (bitsandbytes)")
     rng = np.random.default_rng(18)
     n = 300_001
     x = (rng.standard_normal(n) * np.exp2(rng.integers(-30, 30, n))).astype(F32)

@@ -340,10 +340,8 @@ def _ref_flat(fn, bs):
 
 
 def _bnb_nearest(xb):
-    amax = R.nan_amax(xb)
-    v = np.clip((xb * (F32(1) / np.maximum(amax, F32(1e-38)))).astype(F32), -1, 1)
-    q = R.nearest_index(v, Codebook.bnb_dynamic(True).table).reshape(xb.shape)
-    return q.astype(np.uint8), R.f32_bits(amax[..., 0])
+    q, amax = R.bnb_kernel_codes(xb, Codebook.bnb_dynamic(True).table)  # CUDA kQuantizeBlockwise
+    return q, R.f32_bits(amax[..., 0])
 
 
 ONE_D_REFS = {

@@ -274,3 +274,20 @@ def test_metrics_kernel_compiles_for_sm90():
     ptx = k.asm["ptx"]
     assert "div.rn.f64" in ptx
     assert not re.search(r"\bfma(\.[a-z]+)*\.f64\b", ptx)
+
+
+@pytest.mark.parametrize("name", ["bnb_dynamic8_block256", "bnb_dynamic8u_block256"])
+def test_codebook_ties_and_tiny_absmax(name):
+    """The codebook kernel on the hard blocks of the nearest rule (oracles.scaling.
+    bnb_hard_blocks: every float32 midpoint and its neighbours, absmaxes from 1.1e-38 down to
+    2**-149 and 0, inf and NaN): equal to the numpy tier and to the transcription of
+    bitsandbytes' CUDA kernel (ties to the even entry, NaN to entry 0, no absmax clamp)."""
+    from oracles import scaling as R
+
+    bf = RECIPES[name]
+    x = R.bnb_hard_blocks(bf.element.table, "8u" not in name)
+    _check(x, name)
+    want, amax = R.bnb_kernel_codes(x.reshape(-1, 256), bf.element.table)
+    got = blocks.encode_blocks(torch.from_numpy(x), name)
+    np.testing.assert_array_equal(got.codes.numpy(), want.reshape(-1))
+    np.testing.assert_array_equal(got.scales.numpy(), amax[:, 0].view(np.uint32))

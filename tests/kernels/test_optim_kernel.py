@@ -433,6 +433,26 @@ def test_bad_tensors():
         kopt.adamw_step(*a, **dict(kw, m_recipe="float32"))
 
 
+def test_kernel_equals_twin_on_tiny_and_zero_absmax_codebook_states():
+    """beta1 = 0 makes m the gradient: bitsandbytes first-moment blocks whose absmax is
+    subnormal (3e-39, 5e-39: 1/absmax finite; 2**-128, 1e-40: 1/absmax inf), zero, or 1 with
+    the map's float32 midpoints (ties to the even entry); the second moment underflows to zero
+    blocks (codes 0). Kernel equals twin, and the m codes are the codebook encode of g."""
+    book = fpsim.Codebook.bnb_dynamic(True).table
+    mid = ((book[:-1] + book[1:]) * np.float32(0.5)).astype(np.float32)
+    rows = [np.float32(a) * book for a in (3e-39, 5e-39, 2.0**-128, 1e-40, 0.0)]
+    rows.append(np.concatenate([[np.float32(1)], mid]))
+    g = np.concatenate(rows).astype(np.float32)
+    p = fpsim.encode(np.zeros_like(g), "bfloat16")
+    state = _states(g.size, *BNB)
+    kw = dict(lr=1e-3, step=1, optimizer=AdamW(betas=(0.0, 0.999)), m_recipe=BNB[0], v_recipe=BNB[1])
+    want = kopt.adamw_step_reference(p, g, *state, **kw)
+    np.testing.assert_array_equal(want[1], fpsim.encode(g, BNB[0]).codes)
+    assert (want[1][4 * 256 : 5 * 256] == 0).all()  # the zero block: 0 * inf = NaN -> entry 0
+    got = kopt.adamw_step(_t(p), _t(g), *[_t(a) for a in state], **kw)
+    assert_same(want, got, dict(kw, master="bfloat16"))
+
+
 @pytest.mark.parametrize("recipe", ["int8_block256", "fp8_e4m3_block256", "bnb_dynamic8_block256"])
 def test_kernel_equals_twin_on_rounding_ties(recipe):
     """beta1 = 0 makes m the gradient: every block's elements sit exactly on the ties of

@@ -227,3 +227,73 @@ def nearest_index(v, table) -> np.ndarray:
     for i in range(0, v.size, step):
         out[i : i + step] = np.argmin(np.abs(v[i : i + step, None] - c[None, :]), axis=1)
     return out
+
+
+def bnb_dquantize(x, code) -> np.ndarray:
+    """bitsandbytes' CUDA nearest search, ``dQuantize<0>`` of csrc/kernels.cu, step by step
+    for a table of 256 float32 entries: ``pivot`` 127, ``upper_pivot`` 255, ``lower_pivot`` 0,
+    ``lower`` -1, ``upper`` 1; for ``i`` = 64, 32, ..., 1: if ``x > code[pivot]`` the lower
+    bound moves to the pivot and ``pivot += i``, else the upper bound does and ``pivot -= i``.
+    Bounds never moved take ``code[255]`` / ``code[0]``. Then with ``val = code[pivot]``: if
+    ``x > val``, ``upper_pivot`` iff ``x > f32(f32(upper + val) * 0.5)`` else ``pivot``; else
+    ``lower_pivot`` iff ``x < f32(f32(lower + val) * 0.5)`` else ``pivot``. NaN compares
+    false everywhere. Returns int64 indices, x's shape."""
+    x = np.asarray(x, F32)
+    code = np.asarray(code, F32)
+    assert code.shape == (256,)
+    pivot = np.full(x.shape, 127, np.int64)
+    upper_pivot = np.full(x.shape, 255, np.int64)
+    lower_pivot = np.zeros(x.shape, np.int64)
+    lower, upper = np.full(x.shape, F32(-1)), np.full(x.shape, F32(1))
+    val = code[pivot]
+    i = 64
+    while i > 0:
+        gt = x > val
+        lower_pivot, lower = np.where(gt, pivot, lower_pivot), np.where(gt, val, lower)
+        upper_pivot, upper = np.where(gt, upper_pivot, pivot), np.where(gt, upper, val)
+        pivot = np.where(gt, pivot + i, pivot - i)
+        val = code[pivot]
+        i >>= 1
+    upper = np.where(upper_pivot == 255, code[255], upper)
+    lower = np.where(lower_pivot == 0, code[0], lower)
+    mid_up = ((upper + val) * F32(0.5)).astype(F32)
+    mid_lo = ((lower + val) * F32(0.5)).astype(F32)
+    gt = x > val
+    return np.where(gt, np.where(x > mid_up, upper_pivot, pivot), np.where(x < mid_lo, lower_pivot, pivot))
+
+
+def bnb_kernel_codes(xb: np.ndarray, code):
+    """bitsandbytes' CUDA ``kQuantizeBlockwise`` (General8bit, not stochastic) along the
+    last axis (section 6): absmax by fmaxf over |x| (NaN skipped), ``inv = f32(1.0f /
+    absmax)`` correctly rounded, no clamp (an absmax of at most 2**-128 gives inf), codes
+    ``dQuantize<0>(f32(x * inv))``. An all-NaN block starts the kernel's reduction at
+    -FLT_MAX, here at 0. Returns (uint8 codes, float32 absmax with keepdims)."""
+    xb = np.asarray(xb, F32)
+    amax = fmax_amax(xb)
+    with np.errstate(divide="ignore", over="ignore", invalid="ignore"):
+        inv = (F32(1) / amax).astype(F32)
+        v = (xb * inv).astype(F32)
+    return bnb_dquantize(v, code).astype(np.uint8), amax
+
+
+def bnb_hard_blocks(table, signed: bool) -> np.ndarray:
+    """Blocks of 256 for the nearest codebook rule (section 6): every float32 midpoint of
+    ``table`` and the float32 on either side, and the entries, in blocks led by 1.0 (absmax 1,
+    so v = x); the entries times absmaxes 3e-39, 5e-39, 9.99e-39, 1.1e-38 (where a clamp at
+    1e-38 would change v), just above 2**-128, 2**-128, 1e-40 and 2**-149 (where 1/absmax is
+    inf); an all-zero block; blocks with inf and NaN. |x| where not ``signed``."""
+    c = np.asarray(table, F32)
+    mid = ((c[:-1] + c[1:]) * F32(0.5)).astype(F32)
+    near = np.concatenate([mid, np.nextafter(mid, F32(np.inf)), np.nextafter(mid, F32(-np.inf)), c])
+    pad = -near.size % 255
+    near = np.concatenate([near, np.zeros(pad, F32)]).reshape(-1, 255)
+    rows = [np.concatenate([np.ones((near.shape[0], 1), F32), near], axis=1)]
+    above = float(np.nextafter(F32(2.0**-128), F32(1)))  # the smallest absmax with a finite 1/absmax
+    tiny = [3e-39, 5e-39, 9.99e-39, 1.1e-38, above, 2.0**-128, 1e-40, 2.0**-149]
+    rows.append((np.array(tiny, F32)[:, None] * c[None, :]).astype(F32))
+    special = np.zeros((3, 256), F32)
+    special[1, :4] = [np.inf, 1.0, np.nan, -0.5]
+    special[2, :4] = [np.nan, 0.25, -1.0, 3.0]
+    rows.append(special)
+    x = np.concatenate(rows).reshape(-1)
+    return x if signed else np.abs(x)

@@ -7,10 +7,11 @@ from dataclasses import replace
 
 import numpy as np
 import pytest
+from oracles import scaling as R
 
 import fpsim
 from fpsim import Backend, _compiled
-from fpsim.emulate.blocks import encode_decode_blocks
+from fpsim.emulate.blocks import compiled_codebook, encode_decode_blocks
 from fpsim.formats import RECIPES, BlockFormat, Codebook
 from fpsim.optim import SGD, Adam, AdamW
 from fpsim.replay import fused as _fused
@@ -22,20 +23,19 @@ COMPILED, NUMPY = Backend.COMPILED, Backend.NUMPY
 
 
 def _nearest_codebook(x: np.ndarray, bf: BlockFormat) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Oracle of nearest-entry codebook blocks along the flattened tensor (bitsandbytes'
-    blockwise quantization): per block the absmax (fmaxf, NaN skipped), ``v = x * f32(1 /
-    max(absmax, 1e-38))``, the code ``searchsorted(f32 midpoints, v, side="left")`` (ties to
-    the lower entry, NaN to the last), the value ``table[code] * absmax``. Returns codes (x's
-    shape), absmaxes (float32) and values."""
+    """Oracle of nearest-entry codebook blocks along the flattened tensor (bitsandbytes' CUDA
+    ``kQuantizeBlockwise``, :func:`oracles.scaling.bnb_kernel_codes`): per block the absmax
+    (fmaxf, NaN skipped), ``v = x * f32(1 / absmax)`` (no clamp: absmax 0 gives inf), the
+    code of ``dQuantize<0>`` (ties to the even entry, NaN to entry 0), the value
+    ``table[code] * absmax``. Returns codes (x's shape), absmaxes (float32) and values."""
     table, b = np.asarray(bf.element.table, np.float32), bf.block[0]
     flat = x.reshape(-1)
     blocks = np.zeros(-(-flat.size // b) * b, np.float32)
     blocks[: flat.size] = flat
     blocks = blocks.reshape(-1, b)
+    codes, amax = R.bnb_kernel_codes(blocks, table)
+    amax = amax[:, 0]
     with np.errstate(invalid="ignore", over="ignore"):
-        amax = np.fmax.reduce(np.abs(blocks), axis=1, initial=0).astype(np.float32)
-        v = blocks * (np.float32(1) / np.maximum(amax, np.float32(1e-38)))[:, None]
-        codes = np.searchsorted((table[:-1] + table[1:]) / np.float32(2), v, side="left").astype(np.uint8)
         values = table[codes] * amax[:, None]
     n = flat.size
     return codes.reshape(-1)[:n].reshape(x.shape), amax, values.reshape(-1)[:n].reshape(x.shape)
@@ -134,6 +134,23 @@ def test_compiled_codebook_blocks_equal_numpy(name):
         np.testing.assert_array_equal(got.codes, want_codes)
         np.testing.assert_array_equal(got.scales, want_amax.view(np.uint32))
         _same(fpsim.decode(got, bf, backend=backend), want_v, f"decoded ({backend.value})")
+
+
+@pytest.mark.parametrize("name", ["bnb_dynamic8_block256", "bnb_dynamic8u_block256"])
+def test_compiled_codebook_ties_and_tiny_absmax(name):
+    """The compiled codebook loop and the numpy tier on the hard blocks of the nearest rule
+    (oracles.scaling.bnb_hard_blocks: every float32 midpoint and its neighbours, absmaxes
+    from 1.1e-38 down to 2**-149 and 0, inf and NaN): codes, absmaxes and decoded values bit
+    for bit, equal to the kernel transcription."""
+    bf = fpsim.RECIPES[name]
+    x = R.bnb_hard_blocks(bf.element.table, "8u" not in name)
+    want_codes, want_amax, want_v = _nearest_codebook(x, bf)
+    for backend in (COMPILED, NUMPY):
+        got = fpsim.encode(x, bf, backend=backend)
+        np.testing.assert_array_equal(got.codes, want_codes)
+        np.testing.assert_array_equal(got.scales, want_amax.view(np.uint32))
+        _same(fpsim.decode(got, bf, backend=backend), want_v, f"decoded ({backend.value})")
+    assert compiled_codebook(bf, fpsim.RoundMode.NEAREST_EVEN, (x.size // 256,), COMPILED)  # the loop ran
 
 
 def test_replay_with_and_without_compiled_loops(tmp_path, monkeypatch):
