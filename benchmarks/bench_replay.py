@@ -24,8 +24,8 @@ from pathlib import Path
 
 import numpy as np
 
-from fpsim.optim import AdamW
 from fpsim.replay import replay
+from fpsim.replay.optim import AdamW
 from fpsim.trace import TraceWriter
 
 

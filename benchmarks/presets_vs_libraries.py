@@ -26,7 +26,7 @@ library to ``torch.optim`` Adam/AdamW, the preset to the replay's FP32 reference
 every tensor. The optimizers' arithmetic differs too: bitsandbytes' CPU Adam updates the
 moments with ``mul_``/``add_`` and ``addcdiv_``; torchao updates the second moment with
 ``lerp`` and takes the bias corrections in float32 from a float32 step count; fpsim follows
-``torch.optim`` (:mod:`fpsim.optim`).
+``torch.optim`` (:mod:`fpsim.replay.optim`).
 """
 
 from __future__ import annotations
@@ -42,8 +42,8 @@ from unittest import mock
 import numpy as np
 import torch
 
-from fpsim.optim import Adam, AdamW
 from fpsim.replay import replay
+from fpsim.replay.optim import Adam, AdamW
 from fpsim.trace import TorchCapture, open_trace
 
 F32 = np.float32

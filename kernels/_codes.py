@@ -165,7 +165,7 @@ class StateKind(enum.IntEnum):
 
 
 class Decay(enum.IntEnum):
-    """Weight decay of the Adam step (constexpr ``DECAY``; :class:`fpsim.optim.Adam`).
+    """Weight decay of the Adam step (constexpr ``DECAY``; :class:`fpsim.replay.optim.Adam`).
 
     Attributes:
         NONE: no weight decay.

@@ -8,7 +8,7 @@ Ports, per element and block, what :func:`fpsim.replay.engine.replay` does for o
    gradient and both moments: FP32 states as stored, block states as
    ``table[code] * scale`` (:func:`fpsim.emulate.blocks.decode_blocks`; the 256-entry table holds
    the emulator's decoded value of every code, so the lookup is exact by construction);
-2. the update of :class:`fpsim.optim.Adam` / ``AdamW`` in float32, in its order::
+2. the update of :class:`fpsim.replay.optim.Adam` / ``AdamW`` in float32, in its order::
 
        AdamW: p = p * f32(1 - lr * wd)          Adam (L2): g = fma(p, f32(wd), g)
        m = fma(f32(1 - b1), g - m, m)
@@ -22,7 +22,7 @@ Ports, per element and block, what :func:`fpsim.replay.engine.replay` does for o
    plain ``/`` is approximate there). Every other operation is a plain float32 add, sub or
    mul; the host launches compiled kernels with ``enable_fp_fusion=False`` so that none of
    them is contracted into an fma (the sm_90 PTX is checked in the tests). The scalars
-   arrive as float32 bit patterns computed on the host as :mod:`fpsim.optim` computes them;
+   arrive as float32 bit patterns computed on the host as :mod:`fpsim.replay.optim` computes them;
 3. the new moments re-encoded with their recipe's ABSMAX rule, nearest-even, as
    ``_blocks_portable.block_kernel`` does (the ABSMAX rule for integer and float elements, the
    CODEBOOK rule for the bitsandbytes codebooks): the block amax is an integer max of the magnitude bits,
@@ -295,7 +295,7 @@ def adam_kernel(
     m = _load_state(mc_ptr, ms_ptr, m_tab, offs, blk, mask, rmask, M_KIND)
     v = _load_state(vc_ptr, vs_ptr, v_tab, offs, blk, mask, rmask, V_KIND)
 
-    # fpsim.optim._adam_step, operation by operation (no contraction: enable_fp_fusion=False)
+    # fpsim.replay.optim._adam_step, operation by operation (no contraction: enable_fp_fusion=False)
     if DECAY == _DECOUPLED:
         p = p * _f32(_u32(decay))
     elif DECAY == _L2:

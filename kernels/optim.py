@@ -1,20 +1,20 @@
 """Fused optimizer step: Adam / AdamW with block-quantized states and low-precision master weights.
 
 :func:`adamw_step` runs one update of one tensor in a single Triton kernel (``_optim_portable.py``):
-decode the master parameter and both moments, do the update of :class:`fpsim.optim.AdamW`
-(or :class:`fpsim.optim.Adam`, L2 decay) in float32 in its exact order of operations,
+decode the master parameter and both moments, do the update of :class:`fpsim.replay.optim.AdamW`
+(or :class:`fpsim.replay.optim.Adam`, L2 decay) in float32 in its exact order of operations,
 re-encode the moments with their block recipe and round the parameter once to the master
 format. :func:`adamw_step_reference` is its emulator twin, with the same signature on numpy
 arrays, built only from fpsim's public functions (:func:`fpsim.decode`, :func:`fpsim.encode`,
-``fpsim.optim.Adam.step``); it is exactly one tensor-step of :func:`fpsim.replay.engine.replay`
+``fpsim.replay.optim.Adam.step``); it is exactly one tensor-step of :func:`fpsim.replay.engine.replay`
 (semantics 2 to 4 of that module; the tests replay a trace and compare), and the kernel is
 bit-identical to it (tests and ``fpsim validate-kernels --kernel optim.adamw_step``).
 
 Supported:
-    * optimizer: :class:`fpsim.optim.AdamW` (decoupled decay) or :class:`fpsim.optim.Adam`
+    * optimizer: :class:`fpsim.replay.optim.AdamW` (decoupled decay) or :class:`fpsim.replay.optim.Adam`
       (L2 decay), any betas / eps / weight decay; ``lr`` and the 1-based update count
       ``step`` per call (the bias corrections are computed on the host in float64 as
-      :mod:`fpsim.optim` does and rounded to float32).
+      :mod:`fpsim.replay.optim` does and rounded to float32).
     * states (``m_recipe``, ``v_recipe``): ``"float32"`` (FP32 states, as the replay keeps
       for tensors below ``min_quantized_size``) or a flattened block recipe with the ABSMAX
       rule and 8-bit elements: :data:`STATE_RECIPES` (bitsandbytes dynamic maps, block
@@ -77,7 +77,7 @@ from fpsim.emulate import decode, encode
 from fpsim.emulate.blocks import BlockCodes
 from fpsim.emulate.scale_rules import nearest_thresholds
 from fpsim.formats import RECIPES, BlockFormat, Codebook, Format, IntFormat, RoundMode, ScaleRule, get_format
-from fpsim.optim import Adam, AdamW, Sqrt
+from fpsim.replay.optim import Adam, AdamW, Sqrt
 
 from ._codes import Decay, Enc, Overflow, Random, Source, StateKind, decay_code, state_kind
 from ._loader import is_interpreted, kernel_module, require_torch
@@ -172,7 +172,7 @@ def _rounding(rounding: Any) -> RoundMode:
 def _optimizer(optimizer: Any) -> Adam:
     opt = AdamW() if optimizer is None else optimizer
     if not isinstance(opt, Adam):
-        raise TypeError(f"optimizer must be fpsim.optim.Adam or fpsim.optim.AdamW; got {type(opt).__name__}")
+        raise TypeError(f"optimizer must be fpsim.replay.optim.Adam or AdamW; got {type(opt).__name__}")
     if opt.sqrt is not Sqrt.IEEE:
         raise ValueError(
             f"the kernel takes the correctly rounded square root (sqrt='ieee'); got sqrt={opt.sqrt.value!r}"
@@ -233,7 +233,7 @@ def adamw_step_reference(
     """One step of one tensor as :func:`fpsim.replay.engine.replay` does it, on numpy arrays.
 
     ``p = decode(p, master)``; states decoded (FP32 states as given); ``optimizer.step(p, g,
-    states, lr, step)`` in float32 (:mod:`fpsim.optim`); the new states encoded with their
+    states, lr, step)`` in float32 (:mod:`fpsim.replay.optim`); the new states encoded with their
     recipe (nearest-even); the FP32 parameter encoded once in ``master`` with ``rounding``.
     The arguments are those of :func:`adamw_step` (numpy arrays; see the module docstring),
     without ``inplace``; ``seed`` draws ``random_bits`` as
@@ -324,7 +324,7 @@ def _bits32(v: float) -> int:
 
 
 def _hyper(opt: Adam, lr: float, t: int) -> tuple[Decay, dict[str, int]]:
-    """DECAY code and the float32 scalars (as int32 bits) of :meth:`fpsim.optim.Adam.scalars`."""
+    """DECAY code and the float32 scalars (as int32 bits) of :meth:`fpsim.replay.optim.Adam.scalars`."""
     sc = opt.scalars(lr, t)
     names = {"decay": sc.decay, "omb1": sc.omb1, "omb2": sc.omb2, "beta2": sc.b2}
     names |= {"neg_step": sc.neg_step, "bias2": sc.bc2, "eps": sc.eps}
@@ -444,8 +444,8 @@ def adamw_step(
         v_codes, v_scales: second moment, likewise.
         lr: learning rate of this step.
         step: the 1-based update count (Adam's ``t``).
-        optimizer: :class:`fpsim.optim.AdamW` (default ``AdamW()``) or
-            :class:`fpsim.optim.Adam`, with betas, eps and weight decay.
+        optimizer: :class:`fpsim.replay.optim.AdamW` (default ``AdamW()``) or
+            :class:`fpsim.replay.optim.Adam`, with betas, eps and weight decay.
         m_recipe, v_recipe: ``"float32"`` or a block recipe of :data:`STATE_RECIPES`.
         master: ``"bfloat16"``, ``"float16"`` or ``"float32"``.
         rounding: of the master copy: ``"nearest_even"`` or ``"stochastic"``.

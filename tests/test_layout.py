@@ -25,7 +25,6 @@ STAGES = {
     "fpsim.formats": 0,
     "fpsim.emulate": 1,
     "fpsim.accumulate": 2,
-    "fpsim.optim": 2,
     "fpsim.analysis": 3,
     "fpsim.replay": 4,
     "fpsim.kernels": 5,

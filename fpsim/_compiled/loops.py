@@ -1,6 +1,6 @@
 """The compiled loops of the ``fast`` extra (numba), as module-level functions.
 
-Each function does what a numpy path of :mod:`fpsim.optim`, :mod:`fpsim.emulate.blocks` or
+Each function does what a numpy path of :mod:`fpsim.replay.optim`, :mod:`fpsim.emulate.blocks` or
 :mod:`fpsim.replay` does, in one pass over memory instead of a dozen, and gives the same bits:
 numba compiles without fast-math, so LLVM neither contracts a multiply and an add into an fma
 nor flushes subnormals, division and square root are IEEE (correctly rounded), and the fmas
@@ -106,7 +106,7 @@ def tile_of(block):
 
 @jit
 def adam(p, g, m, v, po, mo, vo, mode, decay, omb1, omb2, b2, bc2, eps, neg_step):
-    # fpsim.optim._adam_step with Adam.scalars, element by element
+    # fpsim.replay.optim._adam_step with Adam.scalars, element by element
     for i in range(p.size):
         pi, gi = p[i], g[i]
         if mode == 1:
@@ -171,7 +171,7 @@ def f16_round(x, out):
 
 @jit
 def sgd(p, g, buf, po, bo, first, l2, wd, mu, neg_lr):
-    # fpsim.optim._sgd_step
+    # fpsim.replay.optim._sgd_step
     for i in range(p.size):
         gi = g[i]
         if l2:

@@ -50,8 +50,8 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
 
 def run(args: argparse.Namespace) -> int:
     """Print the memory table; returns the exit status (0)."""
-    from ..optim import get_optimizer
     from ..replay import PRESETS, memory_table
+    from ..replay.optim import get_optimizer
     from ..report.style import text_table
     from ..trace import as_trace
 

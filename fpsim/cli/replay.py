@@ -155,8 +155,8 @@ def run(args: argparse.Namespace) -> int:
     Raises:
         ValueError: a bad ``--state`` or an unknown ``--config``.
     """
-    from ..optim import get_optimizer
     from ..replay import replay
+    from ..replay.optim import get_optimizer
     from ..report.replay import replay_text, write_replay_report
     from ..trace import as_trace
 

@@ -11,7 +11,7 @@
 - :mod:`.lossscale`: loss scaling as torch's GradScaler, DeepSpeed's DynamicLossScaler and
   Megatron's DynamicGradScaler do it, and the Protocol one's own scaler meets.
 
-The update math itself is :mod:`fpsim.optim`.
+The update math itself is :mod:`fpsim.replay.optim`.
 """
 
 from __future__ import annotations

@@ -23,8 +23,8 @@ from typing import Any
 
 from ..emulate.delayed import DelayedScaling
 from ..formats import RECIPES, BlockFormat, Codebook, Format, IntFormat, RoundMode, get_format
-from ..optim import AdamW, Optimizer
 from .lossscale import LossScaler
+from .optim import AdamW, Optimizer
 from .qmap import QMAP_RECIPES, QMapBlocks
 
 __all__ = ["DEFAULT_CONFIGS", "PRESETS", "ReplayConfig", "memory_table", "resolve_configs"]

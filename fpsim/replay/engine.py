@@ -19,7 +19,7 @@ not advance its count, as in torch.
    that config (GradScaler) and updates the scaler; otherwise ``g' = f32(q * f32(1/S))``
    (the optimizer works in FP32 on unscaled gradients). FP8 gradients take a block recipe
    (``e5m2_tensor`` = current scaling) or :class:`fpsim.DelayedScaling` per tensor.
-2. Update in FP32 (:mod:`fpsim.optim`) on the dequantized states and the master value.
+2. Update in FP32 (:mod:`fpsim.replay.optim`) on the dequantized states and the master value.
 3. States are re-encoded in their formats (nearest-even), per tensor as
    :meth:`ReplayConfig.state_storage` says: its ``state_overrides`` by name, and FP32 for
    tensors under ``min_quantized_size`` elements (bitsandbytes' ``min_8bit_size``) or, without
@@ -35,7 +35,7 @@ at zero). A recorded state the optimizer does not use is an error.
 Where the pieces are: the configurations in :mod:`.config`, the statistics and the result in
 :mod:`.stats`, the storage of states and master copies in :mod:`.storage`, the fused 8-bit
 step in :mod:`.fused`; this module runs the steps. :func:`replay` resolves its ``backend``
-(:class:`fpsim.Backend`) and ``sqrt`` (:class:`fpsim.optim.Sqrt`) once and passes them down.
+(:class:`fpsim.Backend`) and ``sqrt`` (:class:`fpsim.replay.optim.Sqrt`) once and passes them down.
 """
 
 from __future__ import annotations
@@ -53,11 +53,11 @@ from .._compiled import Backend
 from ..emulate import decode, encode
 from ..emulate import element as emulate
 from ..formats import BlockFormat, Format, RoundMode
-from ..optim import AdamW, Optimizer, Sqrt
 from ..trace import as_trace
 from . import fused as _fused
 from .config import DEFAULT_CONFIGS, PRESETS, ReplayConfig, memory_table, resolve_configs
 from .lossscale import ScalerState
+from .optim import AdamW, Optimizer, Sqrt
 from .schedule import Mode, Planned, plan_updates, select_steps
 from .stats import ReplayResult, Stats, state_stats, sum_sq, tensor_stats
 from .storage import is_quantized, load_state, master_seed, quantize, round_master, store_and_load
@@ -119,7 +119,7 @@ def replay(
         trace: trace path or :class:`fpsim.trace.Trace` (None: the bundled sample).
         configs: :class:`ReplayConfig` objects or names of :data:`PRESETS`
             (default :data:`~fpsim.replay.config.DEFAULT_CONFIGS`).
-        optimizer: :class:`fpsim.optim.Adam`, ``AdamW`` or ``SGD`` (default AdamW()).
+        optimizer: :class:`fpsim.replay.optim.Adam`, ``AdamW`` or ``SGD`` (default AdamW()).
         lr: learning rate for every step; None uses the trace's recorded lr per step.
         steps: the recorded steps to replay (default all), replayed in increasing order.
         seed: base seed of stochastic rounding (counter-based, per step and tensor).
@@ -134,7 +134,7 @@ def replay(
             of the float64 statistics.
         sqrt: the square root of Adam's denominator, ``"ieee"`` (correctly rounded) or
             ``"torch"`` (torch's CPU sqrt: the parameters of torch.optim on this machine), see
-            :class:`fpsim.optim.Sqrt`; None keeps the optimizer's own. The compiled and fused
+            :class:`fpsim.replay.optim.Sqrt`; None keeps the optimizer's own. The compiled and fused
             steps take ``"ieee"`` only; with ``"torch"`` the updates run on numpy.
         mode: ``"sequence"`` (consecutive updates from the first step's recorded values; a gap
             in the update counts is an error) or ``"each"`` (every recorded step one update

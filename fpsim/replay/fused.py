@@ -2,7 +2,7 @@
 
 The replay's update of one tensor with 8-bit block states (module doc of :mod:`fpsim.replay.engine`,
 semantics 2 and 3) is, on the generic path, five passes over memory: decode both moments,
-:meth:`fpsim.optim.Adam.step`, encode and decode each new moment
+:meth:`fpsim.replay.optim.Adam.step`, encode and decode each new moment
 (:func:`fpsim.emulate.blocks.encode_decode_blocks`), and the state statistics. :func:`adam_block_step`
 does all of it in one compiled loop (:mod:`fpsim._compiled.loops`, numba) that works through the
 tensor in cache-sized tiles of whole blocks and gives the generic path's bits: the same
@@ -11,8 +11,8 @@ float64 error sums up to their summation order (tests/replay/test_compiled.py co
 and both with numpy).
 
 It applies on :attr:`fpsim.Backend.COMPILED` (the replay's ``backend``), to
-:class:`fpsim.optim.Adam` or ``AdamW`` with the correctly rounded square root
-(:attr:`fpsim.optim.Sqrt.IEEE`), where both moments of the tensor are quantized, with blocks
+:class:`fpsim.replay.optim.Adam` or ``AdamW`` with the correctly rounded square root
+(:attr:`fpsim.replay.optim.Sqrt.IEEE`), where both moments of the tensor are quantized, with blocks
 of one size along the flattened tensor, by one of the :class:`fpsim._compiled.StateKind`
 encodings: a codebook rounded to the nearest entry (the bitsandbytes dynamic maps,
 ``bnb_dynamic8_block256`` ...), linear absmax INT8 (``int8_block256``, ``int8_block2048``) or
@@ -33,11 +33,12 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from .. import _compiled, optim
+from .. import _compiled
 from .._compiled import Backend, StateKind
 from ..emulate import element as emulate
 from ..emulate.blocks import BlockCodes, block_geometry, compiled_codebook, nearest_buckets
 from ..formats import RECIPES, BlockFormat, Codebook, RoundMode, ScaleRule, get_format
+from . import optim
 
 __all__ = ["FusedStep", "Plan", "adam_block_step", "decode_state", "encode_state", "plan", "run_piece"]
 

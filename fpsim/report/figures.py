@@ -75,8 +75,8 @@ def _analysis_figures(out: Path) -> list[Path]:
 
 
 def _replay_figure(out: Path) -> Path:
-    from ..optim import Adam
     from ..replay import replay
+    from ..replay.optim import Adam
 
     res = replay(
         None,

@@ -39,7 +39,7 @@ import numpy as np
 
 from fpsim.emulate import decode, encode
 from fpsim.formats import RECIPES, BlockFormat, Codebook, Format, IntFormat, RoundMode, get_format
-from fpsim.optim import Adam, AdamW
+from fpsim.replay.optim import Adam, AdamW
 
 from .common import (
     SHOWN,

@@ -81,8 +81,8 @@ def test_memory_command(capsys):
 def test_custom_config_flags_build_the_config_they_name(capsys, tmp_path):
     """--state-override/--master-override/--min-quantized-size/--loss-scale deepspeed give the
     replay of the ReplayConfig they spell; a malformed override names its flag."""
-    from fpsim.optim import AdamW
     from fpsim.replay import DeepSpeedDynamicLossScaler, ReplayConfig, replay
+    from fpsim.replay.optim import AdamW
 
     flags = ["--state", "m=int8_block256,v=int8_block256", "--state-override", "embed*:exp_avg=float32"]
     flags += ["--master", "bfloat16", "--master-override", "pos=float32", "--min-quantized-size", "100"]

@@ -25,8 +25,8 @@ import pytest
 
 import fpsim
 from fpsim.formats import RoundMode
-from fpsim.optim import SGD, Adam, AdamW
 from fpsim.replay import ReplayConfig, replay
+from fpsim.replay.optim import SGD, Adam, AdamW
 from fpsim.trace import TraceWriter
 
 torch = pytest.importorskip("torch")

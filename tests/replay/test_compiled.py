@@ -13,8 +13,8 @@ import fpsim
 from fpsim import Backend, _compiled
 from fpsim.emulate.blocks import compiled_codebook, encode_decode_blocks
 from fpsim.formats import RECIPES, BlockFormat, Codebook
-from fpsim.optim import SGD, Adam, AdamW
 from fpsim.replay import fused as _fused
+from fpsim.replay.optim import SGD, Adam, AdamW
 from fpsim.replay.stats import _state_sums, _zero_counts
 
 pytest.importorskip("numba")

@@ -12,9 +12,9 @@ import pytest
 
 import fpsim
 from fpsim.formats import Codebook
-from fpsim.optim import AdamW
 from fpsim.replay import PRESETS, ReplayConfig, memory_table, replay
 from fpsim.replay import fused as _fused
+from fpsim.replay.optim import AdamW
 from fpsim.replay.qmap import QMAP_RECIPES, QMapBlocks, decode_qmap, encode_qmap
 from fpsim.replay.storage import is_quantized, load_state, store_and_load
 from fpsim.trace import TraceWriter

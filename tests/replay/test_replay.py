@@ -8,10 +8,10 @@ import json
 import numpy as np
 import pytest
 
-from fpsim.optim import Adam, AdamW
 from fpsim.replay import PRESETS, LossScaler, ReplayConfig, memory_table, replay
 from fpsim.replay.config import DEFAULT_CONFIGS, resolve_configs
 from fpsim.replay.engine import select_steps
+from fpsim.replay.optim import Adam, AdamW
 from fpsim.trace import TraceWriter, open_trace
 
 

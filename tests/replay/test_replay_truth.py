@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 
 from fpsim.cli.app import main
-from fpsim.optim import SGD, Adam, AdamW
 from fpsim.replay import LossScaler, ReplayConfig, replay
+from fpsim.replay.optim import SGD, Adam, AdamW
 from fpsim.trace import TraceWriter, open_trace
 
 torch = pytest.importorskip("torch")
@@ -209,7 +209,7 @@ def test_config_that_skips_on_its_own_does_not_advance_its_count(tmp_path):
 
 def test_jax_capture_replays_from_its_recorded_moments(tmp_path):
     """optax's Adam state recorded as mu/nu, with its count: the replay reads them as Adam's
-    states (from them, not from zeros). The update math is torch's (fpsim.optim.Adam), so the
+    states (from them, not from zeros). The update math is torch's (fpsim.replay.optim.Adam), so the
     one-update replay of a recorded step lands within float32 rounding of optax's own next
     moments (rel 1e-6: optax rounds mu = b1*mu + (1-b1)*g without torch's fma), while starting
     from zeros would be off by orders of magnitude."""

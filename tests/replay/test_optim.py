@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from fpsim.emulate.reference import encode_scalar
-from fpsim.optim import SGD, Adam, AdamW, Sqrt, fma32, get_optimizer
+from fpsim.replay.optim import SGD, Adam, AdamW, Sqrt, fma32, get_optimizer
 
 
 def test_fma32_is_one_rounding_of_the_exact_value():

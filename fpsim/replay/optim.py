@@ -35,8 +35,8 @@ from typing import Any, ClassVar, NamedTuple
 
 import numpy as np
 
-from . import _compiled
-from ._compiled import Backend
+from .. import _compiled
+from .._compiled import Backend
 
 __all__ = ["Optimizer", "Adam", "AdamW", "SGD", "Sqrt", "get_optimizer", "fma32"]
 
