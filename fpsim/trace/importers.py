@@ -23,10 +23,15 @@ an error, never skipped. In ``.safetensors`` files, ``__metadata__`` entries ``"
 ``"lr"``, ``"update"`` and ``"skipped"`` (as :class:`~fpsim.trace.TraceWriter` writes them)
 are read too.
 
+Every file must be a regular file (a FIFO, device or folder is refused, never opened for
+reading), and in a folder it must not be a symlink that leads outside the folder.
 ``.pt`` files are loaded only with ``torch.load(f, weights_only=True, map_location="cpu")``
-(memory-mapped where the file format allows), once when the trace is opened to index them
-and again when a tensor is read (the last file stays cached). ``.npz`` arrays are memory-mapped
-when stored uncompressed (``numpy.savez``) and decompressed one array at a time otherwise.
+(read into memory, never memory-mapped: a mapped file truncated under the reader would
+kill the process with ``SIGBUS``), once when the trace is opened to index them
+and again when a tensor is read (the last file stays cached); meta and sparse tensors are
+refused. ``.npz`` arrays are read with ``pread`` when stored uncompressed (``numpy.savez``)
+and decompressed one array at a time otherwise; a member whose declared array size does
+not match its stored size is refused when the trace is opened.
 The metadata of an imported trace is ``{"source": "<path>"}``.
 numpy saves ml_dtypes arrays (bfloat16, float8) as raw bytes without their type, so such
 ``.npz`` arrays are rejected: store them as ``.safetensors`` or ``.pt``.
@@ -34,13 +39,10 @@ numpy saves ml_dtypes arrays (bfloat16, float8) as raw bytes without their type,
 
 from __future__ import annotations
 
-import json
 import math
-import mmap
 import os
 import re
 import struct
-import weakref
 import zipfile
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -51,19 +53,20 @@ import numpy as np
 
 from .convert import is_torch_tensor, torch_to_numpy
 from .errors import TraceError
-from .jsonvalues import parse_float
+from .files import file_identity, open_regular, read_exact
 from .reader import (
     MANIFEST,
+    STEP_LOG,
     SafetensorsSource,
     Source,
     StepRecord,
     TensorEntry,
     Trace,
     check_role,
-    parse_update,
+    step_metadata,
 )
 from .reader import load_manifest_trace as _load_manifest_trace
-from .safetensors_io import read_header
+from .safetensors_io import check_shape, read_header
 
 __all__ = ["as_trace", "open_trace", "sample_trace_path", "split_key"]
 
@@ -91,19 +94,23 @@ def open_trace(path: str | os.PathLike[str]) -> Trace:
     Raises:
         TraceError: a missing, unknown, corrupt or inconsistent input, naming the file.
     """
+    if not isinstance(path, (str, os.PathLike)):
+        raise TypeError(
+            f"path must be a str or os.PathLike (a trace folder or file), got {type(path).__name__}"
+        )
     p = Path(path)
     if not p.exists():
         raise TraceError(f"{p}: no such file or folder")
-    if p.is_file() and p.name == MANIFEST:
+    if p.name == MANIFEST and not p.is_dir():
         p = p.parent
     if p.is_dir():
-        if (p / MANIFEST).exists():
+        if (p / MANIFEST).exists() or (p / MANIFEST).is_symlink():
             return _load_manifest_trace(p)
         return _open_folder(p)
     kind = _KINDS.get(p.suffix.lower())
     if kind is None:
         raise TraceError(f"{p}: unknown trace file type {p.suffix!r}; expected one of {sorted(_KINDS)}")
-    return _build(p, [(p, kind, _name_step(p))])
+    return _build(p, [(p, kind, _name_step(p))], None)
 
 
 def sample_trace_path() -> Path:
@@ -151,13 +158,13 @@ def _open_folder(folder: Path) -> Trace:
     files: list[tuple[Path, str, int | None]] = []
     unknown: list[str] = []
     for p in sorted(folder.iterdir()):
-        if p.name.startswith("."):
+        if p.name.startswith(".") or p.name == STEP_LOG:  # (a trace folder's step log, without its manifest)
             continue
-        kind = _KINDS.get(p.suffix.lower()) if p.is_file() else None
-        if kind is None:
+        kind = _KINDS.get(p.suffix.lower())
+        if kind is None or p.is_dir():
             unknown.append(p.name + ("/" if p.is_dir() else ""))
         else:
-            files.append((p, kind, _name_step(p)))
+            files.append((p, kind, _name_step(p)))  # regular and inside: checked when indexed
     if unknown:
         raise TraceError(
             f"{folder}: not a trace folder (no {MANIFEST}) and it holds entries that are not "
@@ -171,7 +178,7 @@ def _open_folder(folder: Path) -> Trace:
     for p, _, step in files:
         if step is None:
             raise TraceError(f"{p}: no step number in the file name (the step is the last integer in it)")
-    return _build(folder, files)
+    return _build(folder, files, folder)
 
 
 @dataclass
@@ -185,12 +192,21 @@ class _Indexed:
     skipped: bool = False
 
 
-def _build(path: Path, files: list[tuple[Path, str, int | None]]) -> Trace:
+def _build(path: Path, files: list[tuple[Path, str, int | None]], folder: Path | None) -> Trace:
     records: dict[int, StepRecord] = {}
     owner: dict[int, Path] = {}
     sources: dict[Path, Source] = {}
     for file, kind, name_step in files:
-        idx = {"safetensors": _index_safetensors, "torch": _index_torch, "npz": _index_npz}[kind](file)
+        if kind != "safetensors":  # (read_header checks its file itself)
+            os.close(open_regular(file, "trace file", folder))
+        try:
+            idx = {"safetensors": _index_safetensors, "torch": _index_torch, "npz": _index_npz}[kind](
+                file, folder
+            )
+        except MemoryError:
+            raise TraceError(
+                f"{file}: not enough memory to index the file (does it declare absurd sizes?)"
+            ) from None
         step = name_step
         if idx.step is not None:
             if step is not None and idx.step != step:
@@ -242,24 +258,15 @@ def _step_value(file: Path, value: Any) -> int:
 # --- safetensors ----------------------------------------------------------------------------
 
 
-def _index_safetensors(file: Path) -> _Indexed:
-    header = read_header(file)
+def _index_safetensors(file: Path, folder: Path | None) -> _Indexed:
+    header = read_header(file, folder)
     tensors, keys = [], {}
     for key, slot in header.tensors.items():
         role, name = split_key(key)
         tensors.append((role, name, slot.shape, slot.dtype))
         keys[f"{role}:{name}"] = key
-    meta, where = header.metadata, f"{file}: __metadata__"
-    try:
-        loss = parse_float(json.loads(meta["loss"]), f"{where} loss") if "loss" in meta else None
-        lr = parse_float(json.loads(meta["lr"]), f"{where} lr") if "lr" in meta else None
-        update = parse_update(json.loads(meta["update"]), f"{where} update") if "update" in meta else None
-        skipped = json.loads(meta.get("skipped", "false"))
-    except json.JSONDecodeError as e:
-        raise TraceError(f"{where}: loss/lr/update/skipped is not JSON: {e}") from None
-    if not isinstance(skipped, bool):
-        raise TraceError(f"{where}: 'skipped' must be true or false, got {skipped!r}")
-    return _Indexed(tensors, loss, lr, None, SafetensorsSource(header, keys), update, skipped)
+    step, loss, lr, update, skipped = step_metadata(header.metadata, f"{file}: __metadata__")
+    return _Indexed(tensors, loss, lr, step, SafetensorsSource(header, keys), update, skipped)
 
 
 # --- torch .pt ------------------------------------------------------------------------------
@@ -269,13 +276,9 @@ def _torch_load(file: Path) -> Any:
     import torch
 
     try:
-        return torch.load(file, weights_only=True, map_location="cpu", mmap=True)
-    except Exception:  # legacy (non-zip) files cannot be memory-mapped: retry without mmap
-        pass
-    try:
         return torch.load(file, weights_only=True, map_location="cpu")
     except Exception as e:  # torch raises many types for corrupt/unsafe files
-        msg = f"{type(e).__name__}: {e}"
+        msg = f"{type(e).__name__}: {str(e)[:500]}"
         raise TraceError(f"{file}: cannot load with torch.load(weights_only=True): {msg}") from e
 
 
@@ -352,10 +355,13 @@ class _TorchSource:
         obj = cache[1]
         for part in self.paths[entry.key]:
             obj = obj[part]
-        return torch_to_numpy(obj)
+        try:
+            return torch_to_numpy(obj)
+        except (RuntimeError, TypeError, ValueError, NotImplementedError, MemoryError) as e:
+            raise TraceError(f"{self.file}: cannot read tensor {entry.key!r}: {type(e).__name__}: {e}") from e
 
 
-def _index_torch(file: Path) -> _Indexed:
+def _index_torch(file: Path, folder: Path | None) -> _Indexed:
     obj = _torch_load(file)
     found, extras = _walk_torch(file, obj)
     tensors, paths = [], {}
@@ -363,9 +369,20 @@ def _index_torch(file: Path) -> _Indexed:
         t = obj
         for part in path:
             t = t[part]
+        if t.device.type != "cpu" or t.layout is not _strided():
+            raise TraceError(
+                f"{file}: tensor {'/'.join(path)} is a {t.device.type} {t.layout} tensor; only dense tensors "
+                f"with data (strided, on the CPU) can be read"
+            )
         tensors.append((role, name, tuple(t.shape), str(t.dtype).removeprefix("torch.")))
         paths[key] = path
     return _Indexed(tensors, *_extras(file, extras), _TorchSource(file, paths))
+
+
+def _strided() -> Any:
+    import torch
+
+    return torch.strided
 
 
 def _extras(file: Path, extras: Mapping[str, Any]) -> tuple[float | None, float | None, int | None]:
@@ -407,6 +424,13 @@ def _npz_members(file: Path) -> dict[str, _NpyMember]:
                     else:
                         raise TraceError(f"{file}: {info.filename!r} uses unsupported .npy version {version}")
                     data_pos = f.tell()
+                check_shape(tuple(shape), f"{file}: {info.filename!r}")
+                declared = data_pos + dtype.itemsize * math.prod(shape)
+                if declared != info.file_size:
+                    raise TraceError(
+                        f"{file}: {info.filename!r} declares {declared} bytes (header and data) but the "
+                        f"archive stores {info.file_size}"
+                    )
                 offset = None
                 if info.compress_type == zipfile.ZIP_STORED:
                     raw.seek(info.header_offset + 26)
@@ -416,43 +440,52 @@ def _npz_members(file: Path) -> dict[str, _NpyMember]:
                 out[key] = _NpyMember(info.filename, tuple(shape), dtype, bool(fortran), offset)
     except TraceError:
         raise
-    except (OSError, ValueError, zipfile.BadZipFile, struct.error, EOFError) as e:
-        raise TraceError(f"{file}: corrupt or truncated .npz file: {e}") from e
+    except (
+        OSError,
+        ValueError,
+        zipfile.BadZipFile,
+        struct.error,
+        EOFError,
+        RecursionError,
+        SyntaxError,
+    ) as e:
+        raise TraceError(f"{file}: corrupt or truncated .npz file: {type(e).__name__}: {str(e)[:300]}") from e
     return out
 
 
 class _NpzSource:
-    """Reads arrays of one .npz file: uncompressed ones as views of one shared memory map."""
+    """Reads arrays of one .npz file: uncompressed ones with ``pread``, compressed ones with numpy."""
 
-    def __init__(self, file: Path, members: Mapping[str, _NpyMember], keys: Mapping[str, str]):
-        self.file, self.members, self.keys = file, dict(members), dict(keys)
-        self._map: weakref.ref[mmap.mmap] | None = None
+    def __init__(self, file: Path, members: Mapping[str, _NpyMember], keys: Mapping[str, str], identity: Any):
+        self.file, self.members, self.keys, self.identity = file, dict(members), dict(keys), identity
 
     def read(self, entry: TensorEntry) -> np.ndarray:
         key = self.keys[entry.key]
         m = self.members[key]
         if m.offset is not None and m.dtype.itemsize * math.prod(m.shape) > 0:
-            mm = self._map() if self._map is not None else None
-            if mm is None or mm.closed:
-                try:
-                    with open(self.file, "rb") as f:
-                        mm = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
-                except (OSError, ValueError) as e:
-                    raise TraceError(f"{self.file}: cannot map the file: {e}") from e
-                self._map = weakref.ref(mm)
-            end = m.offset + m.dtype.itemsize * math.prod(m.shape)
-            if end > len(mm):
-                raise TraceError(f"{self.file}: array {key!r} runs past the end of the file (truncated?)")
-            order = "F" if m.fortran else "C"
-            return np.ndarray(m.shape, dtype=m.dtype, buffer=mm, offset=m.offset, order=order)
+            # Fortran order: read the C-order array of the reversed shape; its transpose is the array
+            out = np.empty(m.shape[::-1] if m.fortran else m.shape, dtype=m.dtype)
+            fd = open_regular(self.file, ".npz file")
+            try:
+                if file_identity(fd) != self.identity:
+                    raise TraceError(
+                        f"{self.file}: the file changed since the trace was opened; open it again"
+                    )
+                read_exact(fd, out, m.offset, f"{self.file}: array {key!r}")
+            finally:
+                os.close(fd)
+            return out.T if m.fortran else out
         try:
             with np.load(self.file, allow_pickle=False) as z:
                 return z[key]
-        except (OSError, ValueError, zipfile.BadZipFile, EOFError) as e:
-            raise TraceError(f"{self.file}: cannot read array {key!r}: {e}") from e
+        except (OSError, ValueError, zipfile.BadZipFile, EOFError, MemoryError) as e:
+            raise TraceError(f"{self.file}: cannot read array {key!r}: {type(e).__name__}: {e}") from e
 
 
-def _index_npz(file: Path) -> _Indexed:
+def _index_npz(file: Path, folder: Path | None) -> _Indexed:
+    fd = open_regular(file, ".npz file", folder)
+    identity = file_identity(fd)
+    os.close(fd)
     members = _npz_members(file)
     src_keys: dict[str, str] = {}
     tensors = []
@@ -465,11 +498,12 @@ def _index_npz(file: Path) -> _Indexed:
                 f"{file}: array {key!r} has raw dtype {m.dtype.str} (numpy stores bfloat16/float8 arrays "
                 f"this way, losing the type); save it as .safetensors or .pt instead"
             )
-        if key in ("loss", "lr", "step") and int(np.prod(m.shape)) == 1:
-            with np.load(file, allow_pickle=False) as z:
-                extras[key] = z[key]
+        if key in ("loss", "lr", "step") and math.prod(m.shape) == 1:
+            extras[key] = _NpzSource(file, members, {key: key}, identity).read(
+                TensorEntry(0, "grad", key, key, m.shape, m.dtype.name, file)
+            )
             continue
         role, name = split_key(key)
         src_keys[f"{role}:{name}"] = key
         tensors.append((role, name, m.shape, m.dtype.name))
-    return _Indexed(tensors, *_extras(file, extras), _NpzSource(file, members, src_keys))
+    return _Indexed(tensors, *_extras(file, extras), _NpzSource(file, members, src_keys, identity))

@@ -1,18 +1,17 @@
 """The :class:`Trace` object: steps, tensor entries and lazy reads, plus the manifest reader.
 
 A :class:`Trace` is backed by one "source" per file. For the trace folder format (and plain
-``.safetensors`` imports) the source memory-maps the requested tensor's byte range only;
-the importers in :mod:`fpsim.trace.importers` add sources for ``.pt`` and ``.npz`` files.
+``.safetensors`` imports) the source reads the requested tensor's bytes only, with ``pread``
+(no memory map, so a file truncated under a reader raises :class:`TraceError`, never
+``SIGBUS``); the importers in :mod:`fpsim.trace.importers` add sources for ``.pt`` and
+``.npz`` files. Manifests and step logs are read with the bounds of :mod:`fpsim.trace.files`.
 """
 
 from __future__ import annotations
 
-import json
 import math
-import mmap
 import re
 import warnings
-import weakref
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -21,11 +20,20 @@ from typing import Any, Protocol
 import numpy as np
 
 from .errors import TraceError
+from .files import load_json, read_small
 from .jsonvalues import parse_float
-from .safetensors_io import DTYPE_CODES, FLOAT_DTYPES, SafetensorsHeader, map_file, read_header, tensor_view
+from .safetensors_io import (
+    DTYPE_CODES,
+    FLOAT_DTYPES,
+    SafetensorsHeader,
+    check_shape,
+    read_header,
+    read_tensor,
+)
 
 __all__ = [
     "MANIFEST",
+    "STEP_LOG",
     "TRACE_VERSION",
     "ManifestStep",
     "TensorEntry",
@@ -35,13 +43,19 @@ __all__ = [
     "manifest_entries",
     "manifest_steps",
     "parse_manifest",
+    "parse_step_log",
+    "step_metadata",
     "parse_update",
     "read_manifest",
     "step_file_name",
 ]
 
 MANIFEST = "manifest.json"
-TRACE_VERSION = 1
+STEP_LOG = "steps.jsonl"
+TRACE_VERSION = 2
+READABLE_VERSIONS = (1, 2)
+MAX_MANIFEST_BYTES = 1 << 30
+"""The largest manifest or step log read (1 GiB: about a million steps of a hundred tensors)."""
 STEP_FILE_RE = re.compile(r"^step_(\d+)\.safetensors$")
 _KNOWN_DTYPES = frozenset(DTYPE_CODES.values())
 
@@ -103,24 +117,26 @@ class Source(Protocol):
 
 
 class SafetensorsSource:
-    """Views tensors of one memory-mapped safetensors file; ``keys`` maps entry keys to file keys.
+    """Reads tensors of one safetensors file with ``pread``; ``keys`` maps entry keys to file keys.
 
-    The map is shared by every array read from the file and held only through them (a weak
-    reference here), so the file is unmapped, and its descriptor closed, once they are gone.
+    Each read opens the file, checks it is still the file whose header was read (device,
+    inode, size, modification time) and reads the tensor's bytes into a fresh array; no
+    descriptor or map is held between reads.
     """
 
     def __init__(self, header: SafetensorsHeader, keys: Mapping[str, str] | None = None):
         self.header = header
         self.keys = dict(keys) if keys is not None else None
-        self._map: weakref.ref[mmap.mmap] | None = None
+
+    def _key(self, entry: TensorEntry) -> str:
+        return entry.key if self.keys is None else self.keys[entry.key]
 
     def read(self, entry: TensorEntry) -> np.ndarray:
-        key = entry.key if self.keys is None else self.keys[entry.key]
-        mm = self._map() if self._map is not None else None
-        if mm is None or mm.closed:
-            mm = map_file(self.header)
-            self._map = weakref.ref(mm)
-        return tensor_view(self.header, key, mm)
+        return read_tensor(self.header, self._key(entry))
+
+    def read_flat(self, entry: TensorEntry, start: int, stop: int) -> np.ndarray:
+        """Flat (C-order) elements ``start:stop`` of the tensor, reading only their bytes."""
+        return read_tensor(self.header, self._key(entry), start, stop)
 
 
 @dataclass
@@ -139,7 +155,7 @@ class Trace:
     """A recorded sequence of training steps, read lazily.
 
     Make one with :func:`fpsim.trace.open_trace`. Tensors are read only when asked for;
-    :meth:`read` returns a read-only array (a memory map for safetensors files) and
+    :meth:`read` returns a read-only array (read with ``pread`` for safetensors files) and
     :meth:`read_chunks` streams a tensor in flat pieces.
 
     Attributes:
@@ -226,10 +242,10 @@ class Trace:
     def read(self, entry: TensorEntry) -> np.ndarray:
         """Read one tensor as a read-only numpy array of its shape and dtype.
 
-        For safetensors files (and uncompressed ``.npz``) the array is a view of a read-only
-        memory map of the file: nothing is read until it is used, and then only the pages
-        of this tensor. The map is shared by all arrays of a file (one file descriptor per
-        file, however many arrays are alive).
+        For safetensors files (and uncompressed ``.npz``) only this tensor's bytes are read,
+        with ``pread``, into an array of its own (no memory map and no open descriptor stays
+        behind). A file that was replaced, truncated or rewritten since the trace was opened
+        raises :class:`TraceError` naming it.
         """
         source = self._sources.get(entry.file)
         if source is None or entry not in self._known:
@@ -243,12 +259,21 @@ class Trace:
     def read_chunks(self, entry: TensorEntry, chunk_elements: int) -> Iterator[np.ndarray]:
         """Yield a tensor's elements in flat (C-order) chunks of ``chunk_elements``.
 
-        Chunks are read-only views of the memory map, so a tensor larger than memory streams
-        from disk (for ``.pt`` files and compressed ``.npz`` the tensor is loaded first); the
-        last chunk may be shorter, and a zero-size tensor yields nothing.
+        For safetensors files and uncompressed ``.npz`` each chunk is read on its own, so a
+        tensor larger than memory streams from disk (for ``.pt`` files and compressed
+        ``.npz`` the tensor is loaded first); chunks are read-only, the last may be shorter,
+        and a zero-size tensor yields nothing.
         """
         if isinstance(chunk_elements, bool) or not isinstance(chunk_elements, int) or chunk_elements < 1:
             raise ValueError(f"chunk_elements must be a positive int, got {chunk_elements!r}")
+        source = self._sources.get(entry.file)
+        read_flat = getattr(source, "read_flat", None)
+        if read_flat is not None and entry in self._known:
+            for start in range(0, entry.size, chunk_elements):
+                chunk = read_flat(entry, start, min(start + chunk_elements, entry.size))
+                chunk.flags.writeable = False
+                yield chunk
+            return
         flat = self.read(entry).reshape(-1)
         for start in range(0, flat.size, chunk_elements):
             yield flat[start : start + chunk_elements]
@@ -261,7 +286,9 @@ def parse_manifest(data: bytes, where: str) -> dict[str, Any]:
     """Decode a trace manifest's bytes and validate its structure (version, metadata, steps).
 
     The one reader of the manifest format (see :mod:`fpsim.trace`), for local folders
-    (:func:`read_manifest`) and remote ones (:mod:`fpsim.trace.remote`); the items of
+    (:func:`read_manifest`) and remote ones (:mod:`fpsim.trace.remote`). A version 1
+    manifest lists its ``"steps"``; a version 2 manifest has none, they are in the step log
+    (:func:`parse_step_log`, attached with :func:`attach_step_log`). The items of
     ``"steps"`` are checked by :func:`manifest_steps`.
 
     Args:
@@ -269,33 +296,77 @@ def parse_manifest(data: bytes, where: str) -> dict[str, Any]:
         where: the manifest's path or URL, for messages.
 
     Raises:
-        TraceError: not valid UTF-8 JSON, not a manifest, another version, or a bad
-            ``"metadata"`` / ``"steps"`` field, naming ``where``.
+        TraceError: not valid (bounded) UTF-8 JSON, not a manifest, another version, or a
+            bad ``"metadata"`` / ``"steps"`` field, naming ``where``.
     """
-    try:
-        manifest = json.loads(data.decode("utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise TraceError(f"{where}: corrupt trace manifest (not valid JSON: {e})") from e
+    manifest = load_json(data, where, "trace manifest")
     if not isinstance(manifest, dict) or "fpsim_trace" not in manifest:
         raise TraceError(f"{where}: not an fpsim trace manifest (no 'fpsim_trace' version field)")
-    if manifest["fpsim_trace"] != TRACE_VERSION:
-        version = manifest["fpsim_trace"]
-        raise TraceError(f"{where}: unsupported trace version {version!r} (this fpsim reads {TRACE_VERSION})")
+    version = manifest["fpsim_trace"]
+    if isinstance(version, bool) or version not in READABLE_VERSIONS:
+        raise TraceError(
+            f"{where}: unsupported trace version {version!r} (this fpsim reads {READABLE_VERSIONS})"
+        )
     if not isinstance(manifest.get("metadata", {}), dict):
         raise TraceError(f"{where}: 'metadata' must be a JSON object")
-    if not isinstance(manifest.get("steps"), list):
+    if version == 1 and not isinstance(manifest.get("steps"), list):
         raise TraceError(f"{where}: 'steps' must be a list")
+    if version >= 2 and "steps" in manifest:
+        raise TraceError(f"{where}: a version {version} manifest lists no 'steps' (they are in {STEP_LOG})")
+    return manifest
+
+
+def parse_step_log(data: bytes, where: str) -> tuple[list[Any], int]:
+    """The items of a step log (one JSON object per line), and the length of its torn tail.
+
+    Every line that ends with a newline must be valid (bounded) JSON, else the log is
+    corrupt. Bytes after the last newline are a step whose line was being appended when the
+    writer stopped: they are not an item, and their count is returned so the caller can
+    report the incomplete step (and a writer can cut it off).
+
+    Raises:
+        TraceError: ``"<where>: line N: ..."`` for a complete line that is not valid JSON.
+    """
+    end = data.rfind(b"\n") + 1
+    lines = data[:end].split(b"\n")[:-1]
+    items = [load_json(line, f"{where}: line {i}", "step log line") for i, line in enumerate(lines, 1)]
+    return items, len(data) - end
+
+
+def attach_step_log(manifest: dict[str, Any], data: bytes, where: str) -> dict[str, Any]:
+    """Set a version 2 manifest's ``"steps"`` from its step log's bytes (see :func:`parse_step_log`).
+
+    A torn last line is reported with a :class:`RuntimeWarning` (an incomplete step, left by
+    an interrupted write) and left out; every complete step is kept.
+    """
+    items, torn = parse_step_log(data, where)
+    if torn:
+        warnings.warn(
+            f"{where}: the last line ({torn} bytes without its newline) is an incomplete step, left by an "
+            f"interrupted write; it is ignored",
+            RuntimeWarning,
+            stacklevel=3,
+        )
+    manifest["steps"] = items
     return manifest
 
 
 def read_manifest(folder: Path) -> dict[str, Any]:
-    """Parse and structurally validate ``folder/manifest.json``; raise TraceError naming it."""
+    """Parse and validate ``folder/manifest.json`` (and, for version 2, its step log).
+
+    Both must be regular files inside the folder (no FIFO, no symlink leading out).
+
+    Raises:
+        TraceError: naming the manifest or the step log.
+    """
     path = folder / MANIFEST
-    try:
-        data = path.read_bytes()
-    except OSError as e:
-        raise TraceError(f"{path}: cannot read the trace manifest: {e}") from e
-    return parse_manifest(data, str(path))
+    manifest = parse_manifest(read_small(path, "trace manifest", folder, MAX_MANIFEST_BYTES), str(path))
+    if manifest["fpsim_trace"] >= 2:
+        log = folder / STEP_LOG
+        if not log.exists() and not log.is_symlink():
+            raise TraceError(f"{log}: the step log of the version 2 trace {path} is missing")
+        attach_step_log(manifest, read_small(log, "step log", folder, MAX_MANIFEST_BYTES), str(log))
+    return manifest
 
 
 @dataclass(frozen=True)
@@ -375,7 +446,11 @@ def manifest_steps(manifest: Mapping[str, Any], where: str) -> Iterator[Manifest
             raise TraceError(f"{where}: step {step} is listed twice")
         seen_steps.add(step)
         fname = item.get("file")
-        if not isinstance(fname, str) or Path(fname).name != fname or fname in ("", ".", ".."):
+        if (
+            not isinstance(fname, str)
+            or Path(fname).name != fname
+            or fname in ("", ".", "..", MANIFEST, STEP_LOG)
+        ):
             raise TraceError(f"{at}: 'file' must be a file name inside the trace folder, got {fname!r}")
         if fname in seen_files:
             raise TraceError(f"{where}: file {fname!r} is listed for two steps")
@@ -384,32 +459,84 @@ def manifest_steps(manifest: Mapping[str, Any], where: str) -> Iterator[Manifest
 
 
 def load_manifest_trace(folder: Path) -> Trace:
-    """Open a trace folder (``manifest.json`` + step files) and cross-check it with the files.
+    """Open a trace folder (manifest, step log, step files) and cross-check it with the files.
 
-    Every listed file must exist, and its safetensors header must hold exactly the listed
-    keys with the listed shapes and dtypes. Step files not in the manifest (left by an
-    interrupted write) are ignored with a warning.
+    Every listed file must be a regular file inside the folder, its safetensors header
+    must hold exactly the listed keys with the listed shapes and dtypes, and its
+    ``__metadata__`` (when written by fpsim) must agree with the listed step, loss, lr,
+    update count and skipped flag. Step files not listed (left by an interrupted write)
+    are ignored with a warning.
 
     Raises:
-        TraceError: naming the manifest or step file and the problem.
+        TraceError: naming the manifest, step log or step file and the problem.
     """
     folder = Path(folder)
-    mpath = folder / MANIFEST
     manifest = read_manifest(folder)
+    listing = str(folder / (STEP_LOG if manifest["fpsim_trace"] >= 2 else MANIFEST))
     records: list[StepRecord] = []
     sources: dict[Path, Source] = {}
-    for ms in manifest_steps(manifest, str(mpath)):
+    for ms in manifest_steps(manifest, listing):
         file = folder / ms.file
-        if not file.is_file():
-            raise TraceError(f"{file}: step file listed in {mpath} (step {ms.step}) is missing")
+        if not file.exists() and not file.is_symlink():
+            raise TraceError(f"{file}: step file listed in {listing} (step {ms.step}) is missing")
         record = StepRecord(ms.step, ms.loss(), ms.lr(), update=ms.update(), skipped=ms.skipped())
-        header = read_header(file)
+        header = read_header(file, folder)
         record.entries = ms.entries(file)
         _check_header(file, header, record.entries)
+        _check_step_metadata(file, header.metadata, record)
         records.append(record)
         sources[file] = SafetensorsSource(header)
     _warn_orphans(folder, {p.name for p in sources})
     return Trace(folder, manifest.get("metadata", {}), records, sources)
+
+
+def step_metadata(
+    meta: Mapping[str, str], where: str
+) -> tuple[int | None, float | None, float | None, int | None, bool]:
+    """(step, loss, lr, update, skipped) from a step file's ``__metadata__`` as TraceWriter writes it.
+
+    Absent entries give None (False for ``skipped``).
+
+    Raises:
+        TraceError: an entry that is not what the writer writes, prefixed with ``where``.
+    """
+    step = meta.get("fpsim_trace_step")
+    if step is not None:
+        if not (step.isascii() and step.isdigit() and len(step) <= 18):
+            raise TraceError(f"{where}: 'fpsim_trace_step' must be a non-negative integer, got {step[:40]!r}")
+        step = int(step)
+
+    def value(k: str) -> Any:
+        return load_json(meta[k].encode("utf-8"), f"{where} {k}", "value") if k in meta else None
+
+    loss = parse_float(value("loss"), f"{where} loss")
+    lr = parse_float(value("lr"), f"{where} lr")
+    update = parse_update(value("update"), f"{where} update")
+    skipped = value("skipped")
+    if skipped is None:
+        skipped = False
+    if not isinstance(skipped, bool):
+        raise TraceError(f"{where}: 'skipped' must be true or false, got {skipped!r}")
+    return step, loss, lr, update, skipped
+
+
+def _same(a: Any, b: Any) -> bool:
+    if isinstance(a, float) and isinstance(b, float):
+        return (math.isnan(a) and math.isnan(b)) or (a == b and math.copysign(1, a) == math.copysign(1, b))
+    return a == b
+
+
+def _check_step_metadata(file: Path, meta: Mapping[str, str], record: StepRecord) -> None:
+    """A step file written by fpsim (its metadata has ``fpsim_trace_step``) agrees with the listing."""
+    if "fpsim_trace_step" not in meta:
+        return
+    got = step_metadata(meta, f"{file}: __metadata__")
+    want = (record.step, record.loss, record.lr, record.update, record.skipped)
+    for name, g, w in zip(("step", "loss", "lr", "update", "skipped"), got, want, strict=True):
+        if not _same(g, w):
+            raise TraceError(
+                f"{file}: {name} is {g!r} in the file's __metadata__ but {w!r} in the trace listing"
+            )
 
 
 def _check_header(file: Path, header: SafetensorsHeader, wanted: list[TensorEntry]) -> None:
@@ -476,7 +603,8 @@ def manifest_entries(tensors: Any, where: str, step: int, file: Path) -> list[Te
             isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in shape
         ):
             raise TraceError(f"{w}: 'shape' must be a list of non-negative integers, got {shape!r}")
-        if dtype not in _KNOWN_DTYPES:
+        check_shape(shape, w)
+        if not isinstance(dtype, str) or dtype not in _KNOWN_DTYPES:
             raise TraceError(f"{w}: unknown dtype {dtype!r}")
         out.append(TensorEntry(step, role, name, key, tuple(shape), dtype, file))
     return out

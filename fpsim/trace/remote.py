@@ -6,7 +6,8 @@ worker, see :mod:`fpsim.distributed`):
 - :func:`index_trace` lists a trace's tensors as :class:`TensorLocation` objects without
   reading any tensor data: for a local trace from :func:`~fpsim.trace.open_trace`, for a
   trace folder on another fsspec file system (``s3://bucket/run1``, ``memory://...``) from
-  its manifest alone, parsed by the same :func:`~fpsim.trace.reader.parse_manifest` and
+  its manifest (and, for version 2, its step log) alone, parsed by the same
+  :func:`~fpsim.trace.reader.parse_manifest`, :func:`~fpsim.trace.reader.attach_step_log` and
   :func:`~fpsim.trace.reader.manifest_steps` as a local folder;
 - :class:`RangeReader` reads elements ``start:stop`` of a located tensor: from a
   safetensors file it reads the header and then that byte range only, with fsspec ``open`` +
@@ -31,7 +32,7 @@ import numpy as np
 
 from .errors import TraceError
 from .importers import as_trace, open_trace, split_key
-from .reader import MANIFEST, TensorEntry, Trace, manifest_steps, parse_manifest
+from .reader import MANIFEST, STEP_LOG, TensorEntry, Trace, attach_step_log, manifest_steps, parse_manifest
 from .safetensors_io import numpy_dtype, read_header_from
 
 __all__ = ["RangeReader", "TensorLocation", "TraceIndex", "index_trace"]
@@ -127,9 +128,17 @@ def _remote_index(fs: Any, path: str, url: str, storage_options: dict[str, Any])
         ) from None
     except OSError as e:
         raise TraceError(f"{murl}: cannot read the trace manifest: {e}") from e
+    manifest, listing = parse_manifest(data, murl), murl
+    if manifest["fpsim_trace"] >= 2:
+        listing = fs.unstrip_protocol(f"{root}/{STEP_LOG}")
+        try:
+            with fs.open(f"{root}/{STEP_LOG}", "rb") as f:
+                attach_step_log(manifest, f.read(), listing)
+        except OSError as e:
+            raise TraceError(f"{listing}: cannot read the step log of the trace: {e}") from e
     tensors: list[TensorLocation] = []
     lrs: dict[int, float | None] = {}
-    for ms in manifest_steps(parse_manifest(data, murl), murl):
+    for ms in manifest_steps(manifest, listing):
         ms.loss()  # checked as in a local folder, though the index does not keep it
         lrs[ms.step] = ms.lr()
         furl = fs.unstrip_protocol(f"{root}/{ms.file}")

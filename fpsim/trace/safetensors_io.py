@@ -8,19 +8,20 @@ Layout of a file (https://github.com/huggingface/safetensors, "Format"):
 * the data buffer: each tensor's raw little-endian, C-order bytes at
   ``8 + N + begin .. 8 + N + end``. The regions tile the buffer without holes or overlap.
 
-Reading is lazy: :func:`read_header` parses and validates only the header (and the file
-size); :func:`map_file` maps the file read-only (no bytes are read yet) and
-:func:`tensor_view` views one tensor's byte range of that map, so only the pages of the
-tensors actually used are ever read. One map serves every tensor of a file, so holding many
-arrays costs one file descriptor per file, not one per array. bfloat16 and float8 tensors
-are viewed with the ml_dtypes types.
+Reading is explicit: :func:`read_header` parses and validates only the header (and the file
+size); :func:`read_tensor` reads one tensor (or a flat range of its elements) into a fresh
+array with ``pread`` (:func:`fpsim.trace.files.read_exact`), after checking that the file is
+still the one whose header was read (same device, inode, size and modification time). No
+file is memory-mapped, so a file truncated while in use gives a :class:`TraceError`, never
+a ``SIGBUS``; and no descriptor stays open between reads. Header JSON is parsed with the
+bounds of :func:`fpsim.trace.files.load_json`. bfloat16 and float8 tensors are read as the
+ml_dtypes types.
 """
 
 from __future__ import annotations
 
 import json
 import math
-import mmap
 import os
 import struct
 from collections.abc import Mapping
@@ -32,6 +33,7 @@ import ml_dtypes
 import numpy as np
 
 from .errors import TraceError
+from .files import file_identity, load_json, open_regular, read_exact
 
 __all__ = [
     "DTYPE_CODES",
@@ -39,10 +41,8 @@ __all__ = [
     "SafetensorsHeader",
     "TensorSlot",
     "dtype_code",
-    "map_file",
     "read_header",
     "read_tensor",
-    "tensor_view",
     "write_safetensors",
 ]
 
@@ -124,15 +124,20 @@ class SafetensorsHeader:
         tensors: key -> :class:`TensorSlot`, in header order.
         metadata: the ``__metadata__`` mapping (empty when absent).
         size: the file size in bytes when the header was read.
+        identity: (device, inode, size, modification time) of a local file when its header
+            was read (:func:`fpsim.trace.files.file_identity`), None for remote files.
     """
 
     path: Path
     tensors: Mapping[str, TensorSlot]
     metadata: Mapping[str, str]
     size: int
+    identity: tuple[int, int, int, int] | None = None
 
 
-def read_header(path: str | os.PathLike[str]) -> SafetensorsHeader:
+def read_header(
+    path: str | os.PathLike[str], folder: str | os.PathLike[str] | None = None
+) -> SafetensorsHeader:
     """Read and validate the header of a safetensors file without touching tensor data.
 
     Checks the header length against the file size, that the header is a JSON object, that
@@ -140,15 +145,22 @@ def read_header(path: str | os.PathLike[str]) -> SafetensorsHeader:
     length equals ``prod(shape) * itemsize``, and that the regions tile the data buffer
     exactly (no holes, no overlap, nothing past the end: a truncated file fails here).
 
+    Args:
+        path: the file (a regular file: FIFOs, devices and folders are refused).
+        folder: the trace folder the file must not leave (symlinks resolved), or None.
+
     Raises:
         TraceError: naming the file and the problem.
     """
     path = Path(path)
+    fd = open_regular(path, "safetensors file", folder)
+    identity = file_identity(fd)
     try:
-        with open(path, "rb") as f:
-            return read_header_from(f, path)
+        with os.fdopen(fd, "rb") as f:
+            header = read_header_from(f, path)
     except OSError as e:
         raise TraceError(f"{path}: cannot read safetensors file: {e}") from e
+    return SafetensorsHeader(header.path, header.tensors, header.metadata, header.size, identity)
 
 
 def read_header_from(f: Any, name: str | os.PathLike[str]) -> SafetensorsHeader:
@@ -171,12 +183,7 @@ def read_header_from(f: Any, name: str | os.PathLike[str]) -> SafetensorsHeader:
         raw = f.read(n)
     except OSError as e:
         raise TraceError(f"{name}: cannot read safetensors file: {e}") from e
-    try:
-        header = json.loads(raw.decode("utf-8"), object_pairs_hook=_no_duplicates)
-    except (UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise TraceError(f"{name}: corrupt safetensors header (not valid UTF-8 JSON: {e})") from e
-    except KeyError as e:
-        raise TraceError(f"{name}: corrupt safetensors header (key {e.args[0]!r} appears twice)") from None
+    header = load_json(raw, str(name), "safetensors header")
     if not isinstance(header, dict):
         raise TraceError(f"{name}: corrupt safetensors header (a JSON object is required)")
     metadata = header.pop("__metadata__", None) or {}
@@ -195,30 +202,24 @@ def read_header_from(f: Any, name: str | os.PathLike[str]) -> SafetensorsHeader:
     return SafetensorsHeader(path=name, tensors=tensors, metadata=dict(metadata), size=size)
 
 
-def _no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for k, v in pairs:
-        if k in out:
-            raise KeyError(k)
-        out[k] = v
-    return out
-
-
 def _slot(path: Path, key: str, info: Any, data_start: int) -> tuple[TensorSlot, int, int]:
     where = f"{path}: tensor {key!r}"
     if not isinstance(info, dict):
         raise TraceError(f"{where}: header entry is not an object")
     code = info.get("dtype")
-    if code not in DTYPE_CODES:
+    if not isinstance(code, str) or code not in DTYPE_CODES:
         raise TraceError(f"{where}: unknown dtype {code!r}; known: {', '.join(DTYPE_CODES)}")
     shape = info.get("shape")
-    if not isinstance(shape, list) or not all(isinstance(d, int) and d >= 0 for d in shape):
+    if not isinstance(shape, list) or not all(
+        isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in shape
+    ):
         raise TraceError(f"{where}: shape {shape!r} is not a list of non-negative integers")
+    check_shape(shape, where)
     offsets = info.get("data_offsets")
     if (
         not isinstance(offsets, list)
         or len(offsets) != 2
-        or not all(isinstance(o, int) for o in offsets)
+        or not all(isinstance(o, int) and not isinstance(o, bool) for o in offsets)
         or not 0 <= offsets[0] <= offsets[1]
     ):
         raise TraceError(f"{where}: data_offsets {offsets!r} are not [begin, end] with 0 <= begin <= end")
@@ -249,45 +250,57 @@ def _check_regions(path: Path, regions: list[tuple[int, int, str]], available: i
         raise TraceError(f"{path}: corrupt safetensors file: {available - pos} bytes after the last tensor")
 
 
-def map_file(header: SafetensorsHeader) -> mmap.mmap:
-    """Map a file read-only (nothing is read until a view of it is used).
+def check_shape(shape: list[int] | tuple[int, ...], where: str) -> None:
+    """Raise :class:`TraceError` for a shape numpy cannot make (over 64 dims, or too many elements).
+
+    numpy refuses shapes whose product, zero dimensions left out, exceeds ``2**63 - 1``, even
+    for zero-size arrays, so a header with absurd dimensions is refused when it is read.
+    """
+    if len(shape) > 64:
+        raise TraceError(f"{where}: shape has {len(shape)} dimensions; numpy allows at most 64")
+    if math.prod(d for d in shape if d) >= 2**63:
+        raise TraceError(f"{where}: shape {list(shape)} has too many elements for numpy")
+
+
+def read_tensor(header: SafetensorsHeader, key: str, start: int = 0, stop: int | None = None) -> np.ndarray:
+    """One tensor of a file, read into a fresh array (or its flat elements ``start:stop``).
+
+    Args:
+        header: the file's header, from :func:`read_header`.
+        key: the tensor's key.
+        start, stop: a flat (C-order) element range; by default the whole tensor in its shape.
 
     Raises:
-        TraceError: the file cannot be opened or its size changed since the header was read
-            (reading a mapped file that shrank would crash the process).
+        TraceError: the file was replaced, truncated or changed since its header was read,
+            or cannot be read (naming it).
     """
-    try:
-        with open(header.path, "rb") as f:
-            mm = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
-    except (OSError, ValueError) as e:
-        raise TraceError(f"{header.path}: cannot map the file: {e}") from e
-    size = len(mm)
-    if size != header.size:
-        mm.close()
-        raise TraceError(
-            f"{header.path}: the file changed size since it was opened ({header.size} -> {size})"
-        )
-    return mm
-
-
-def tensor_view(header: SafetensorsHeader, key: str, mm: mmap.mmap) -> np.ndarray:
-    """One tensor of a mapped file as a read-only array (its ``base`` is the map)."""
     slot = header.tensors[key]
     dt = numpy_dtype(slot.dtype)
-    if slot.nbytes == 0:
+    total = math.prod(slot.shape)
+    if start == 0 and stop is None:
         out = np.empty(slot.shape, dtype=dt)
-        out.flags.writeable = False
-        return out
-    return np.ndarray(slot.shape, dtype=dt, buffer=mm, offset=slot.offset)
-
-
-def read_tensor(header: SafetensorsHeader, key: str) -> np.ndarray:
-    """One tensor of a file as a read-only array of a fresh memory map (one map per call)."""
-    return tensor_view(header, key, map_file(header))
+    else:
+        stop = total if stop is None else stop
+        if not 0 <= start <= stop <= total:
+            raise ValueError(f"element range {start}:{stop} is outside tensor {key!r} of {total} elements")
+        out = np.empty(stop - start, dtype=dt)
+    if out.nbytes:
+        fd = open_regular(header.path, "safetensors file")
+        try:
+            now = file_identity(fd)
+            if header.identity is not None and now != header.identity:
+                raise TraceError(
+                    f"{header.path}: the file changed since the trace was opened "
+                    f"(size {header.identity[2]} -> {now[2]}, or replaced or rewritten); open the trace again"
+                )
+            read_exact(fd, out, slot.offset + start * dt.itemsize, str(header.path))
+        finally:
+            os.close(fd)
+    return out
 
 
 def write_safetensors(
-    path: str | os.PathLike[str],
+    path: str | os.PathLike[str] | int,
     tensors: Mapping[str, np.ndarray],
     metadata: Mapping[str, str] | None = None,
     *,
@@ -299,7 +312,8 @@ def write_safetensors(
     8-byte aligned, as the safetensors library does. Output is deterministic.
 
     Args:
-        path: the file to create or overwrite.
+        path: the file to create or overwrite, or a descriptor open for writing (it is
+            closed when done).
         tensors: key -> array (numpy or ml_dtypes dtypes of :data:`DTYPE_CODES`).
         metadata: optional ``__metadata__`` (str -> str).
         fsync: flush the file to disk before returning.
@@ -328,7 +342,7 @@ def write_safetensors(
         arrays.append((key, a))
     raw = json.dumps(header, separators=(",", ":")).encode("utf-8")
     raw += b" " * (-len(raw) % 8)
-    with open(path, "wb") as f:
+    with open(path, "wb", closefd=True) as f:
         f.write(struct.pack("<Q", len(raw)))
         f.write(raw)
         for _, a in arrays:

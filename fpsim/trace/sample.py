@@ -36,7 +36,7 @@ from typing import Any
 
 import numpy as np
 
-from .reader import MANIFEST, STEP_FILE_RE
+from .reader import MANIFEST, STEP_FILE_RE, STEP_LOG
 
 __all__ = ["make_sample_trace", "main"]
 
@@ -127,7 +127,7 @@ def make_sample_trace(
             of consecutive steps (what optimizer replay needs to check itself against the
             recorded parameters).
         seed: seeds the data, the initialization and the batch order.
-        overwrite: replace an existing trace in ``path`` (its manifest and step files only).
+        overwrite: replace an existing trace in ``path`` (its manifest, step log and step files only).
 
     Returns:
         The trace folder.
@@ -142,7 +142,7 @@ def make_sample_trace(
         if not overwrite:
             raise FileExistsError(f"{out} already holds a trace; pass overwrite=True (--overwrite)")
         for p in out.iterdir():
-            if p.name == MANIFEST or STEP_FILE_RE.match(p.name):
+            if p.name in (MANIFEST, STEP_LOG) or STEP_FILE_RE.match(p.name):
                 p.unlink()
     tokens_np, labels_np = make_data(seed)
     threads, deterministic = torch.get_num_threads(), torch.are_deterministic_algorithms_enabled()

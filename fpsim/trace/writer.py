@@ -1,18 +1,29 @@
-"""Write a trace folder step by step, crash-safely.
+"""Write a trace folder step by step, crash-safely, one writer at a time.
 
-Each :meth:`TraceWriter.write_step` writes the step's safetensors file under a temporary
-name in the trace folder, fsyncs it, renames it into place with :func:`os.replace`, then
-rewrites ``manifest.json`` the same way. A reader therefore sees either the trace before the
-step or after it: a crash in between leaves the completed steps readable, plus a stray
-temporary or unlisted step file that readers ignore (with a warning) and that the next
-:class:`TraceWriter` opened on the folder deletes.
+A :class:`TraceWriter` first takes the folder's writer lock (:mod:`fpsim.trace.lock`): a
+second writer, in this process or another, is refused naming the holder's pid, and the
+lock of a writer that died is taken over. Each :meth:`TraceWriter.write_step` writes the
+step's safetensors file under a fresh temporary name in the trace folder (``mkstemp``:
+``O_CREAT | O_EXCL | O_NOFOLLOW``, so a planted symlink is never followed), fsyncs it,
+renames it into place with :func:`os.replace`, then appends the step's line to the step log
+``steps.jsonl`` in one ``write`` and fsyncs it (the format is in :mod:`fpsim.trace`). The
+manifest is written only when the writer opens the folder (with new metadata, or to
+convert a version 1 trace). A crash at any point leaves exactly the completed steps
+readable: a step file whose line was not (fully) appended is an unlisted file, and a torn
+last line is an incomplete step; readers ignore both with a warning, and the next
+:class:`TraceWriter` opened on the folder deletes them. A failed write (a full disk) raises
+:class:`OSError` naming the file and cuts a partial line off the log.
 """
 
 from __future__ import annotations
 
 import json
 import os
-from collections.abc import Mapping
+import stat
+import tempfile
+import warnings
+import weakref
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from types import TracebackType
 from typing import Any
@@ -21,10 +32,14 @@ import numpy as np
 
 from .convert import to_numpy
 from .errors import TraceError
+from .files import read_small
 from .jsonvalues import json_float
+from .lock import LOCK_FILE, WriterLock
 from .reader import (
     MANIFEST,
+    MAX_MANIFEST_BYTES,
     STEP_FILE_RE,
+    STEP_LOG,
     TRACE_VERSION,
     check_role,
     load_manifest_trace,
@@ -41,15 +56,21 @@ _TMP_SUFFIX = ".tmp"
 class TraceWriter:
     """Write (or append to) a trace folder, one atomic step at a time.
 
-    Opening an existing trace folder appends to it: its manifest is validated, leftovers of
-    an interrupted write (temporary files, step files the manifest does not list) are
-    deleted, and ``metadata`` (if given) is merged into the recorded metadata (new values
-    win). A new or empty folder gets a manifest with no steps at once. Only one writer
-    may work on a folder at a time.
+    Opening an existing trace folder appends to it: its manifest and step log are
+    validated, leftovers of an interrupted write (temporary files, step files the log does
+    not list, a torn last log line) are deleted, and ``metadata`` (if given) is merged into
+    the recorded metadata (new values win). A version 1 trace is converted to version 2 (its
+    steps moved to the step log). A new or empty folder gets a manifest with no steps at
+    once. Only one writer may work on a folder at a time: the writer holds the folder's
+    lock until :meth:`close` (or the end of a ``with`` block, or the process).
 
     Args:
         path: the trace folder (created if missing).
         metadata: free-form JSON-serializable metadata (model, data, seed, versions, ...).
+
+    Raises:
+        TraceError: another writer holds the folder (naming its pid), or the folder is not
+            a trace and not empty, or the trace in it is corrupt.
 
     Example:
         >>> with TraceWriter("run1", metadata={"model": "mlp"}) as w:  # doctest: +SKIP
@@ -58,38 +79,62 @@ class TraceWriter:
 
     def __init__(self, path: str | os.PathLike[str], metadata: Mapping[str, Any] | None = None):
         self.path = Path(path)
-        if self.path.exists() and not self.path.is_dir():
-            raise TraceError(f"{self.path}: a trace is a folder, but this is a file")
-        self.path.mkdir(parents=True, exist_ok=True)
         if metadata is not None and not isinstance(metadata, Mapping):
             raise TypeError(f"metadata must be a mapping, got {type(metadata).__name__}")
-        if (self.path / MANIFEST).exists():
-            manifest = read_manifest(self.path)
-            self._clean({item.get("file") for item in manifest["steps"] if isinstance(item, dict)})
-            load_manifest_trace(self.path)  # full cross-check with the files
-            self._metadata = dict(manifest.get("metadata", {}))
+        if self.path.exists() and not self.path.is_dir():
+            raise TraceError(f"{self.path}: a trace is a folder, but this is a file")
+        try:
+            self.path.mkdir(parents=True, exist_ok=True)
+        except OSError as e:
+            raise OSError(e.errno, f"cannot create the trace folder: {e.strerror}", str(self.path)) from e
+        self._closed = True
+        self._lock = WriterLock(self.path)
+        try:
+            self._open(metadata)
+        except BaseException:
+            self._lock.release()
+            raise
+        self._closed = False
+
+    def _open(self, metadata: Mapping[str, Any] | None) -> None:
+        if (self.path / MANIFEST).exists() or (self.path / MANIFEST).is_symlink():
+            with warnings.catch_warnings():  # a torn log line is cut off below, not reported
+                warnings.simplefilter("ignore", RuntimeWarning)
+                manifest = read_manifest(self.path)
             self._steps: list[dict[str, Any]] = list(manifest["steps"])
+            self._clean({item.get("file") for item in self._steps if isinstance(item, dict)})
+            version = manifest["fpsim_trace"]
+            if version >= 2:
+                self._cut_torn_tail()
+            load_manifest_trace(self.path)  # full cross-check with the files
+            old = dict(manifest.get("metadata", {}))
         else:
-            # A writer creates the manifest before any step file, so step files without a
-            # manifest are someone else's data: refuse rather than overwrite or delete them.
-            others = [
-                p.name
-                for p in self.path.iterdir()
-                if not (p.name.startswith(".") and p.name.endswith(_TMP_SUFFIX))
-            ]
+            # A writer creates the log and manifest before any step file, so anything else
+            # in a folder without a manifest is someone else's data: refuse rather than
+            # overwrite or delete it.
+            others = [p.name for p in self.path.iterdir() if not self._ours(p)]
             if others:
                 raise TraceError(
                     f"{self.path}: not a trace folder (no {MANIFEST}) and not empty: {sorted(others)[:5]}"
                 )
             self._clean(set())
-            self._metadata, self._steps = {}, []
-        self._metadata.update(metadata or {})
+            version, old, self._steps = 0, {}, []
+        self._metadata = {**old, **(metadata or {})}
         try:
-            json.dumps(self._metadata)
+            json.dumps(self._metadata, allow_nan=False)
         except (TypeError, ValueError) as e:
-            raise TypeError(f"metadata must be JSON-serializable: {e}") from e
-        self._closed = False
-        self._write_manifest(self._steps)
+            raise TypeError(f"metadata must be JSON-serializable (without NaN/Infinity): {e}") from e
+        if version < 2:  # new, or version 1: the log first, then the manifest that points at it
+            text = "".join(_log_line(item) for item in self._steps)
+            self._atomic(self.path / STEP_LOG, lambda fd: _write_text(fd, text))
+        if version < 2 or self._metadata != old:
+            self._write_manifest()
+        log = self.path / STEP_LOG
+        fd = os.open(
+            log, os.O_WRONLY | os.O_APPEND | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
+        )
+        self._log_fd, self._log_size = fd, os.fstat(fd).st_size
+        self._log_closer = weakref.finalize(self, os.close, fd)
 
     # -- public ----------------------------------------------------------------------------
 
@@ -159,17 +204,20 @@ class TraceWriter:
         counts = (("update", update), ("skipped", skipped or None))
         meta.update({k: json.dumps(v) for k, v in (("loss", loss_v), ("lr", lr_v), *counts) if v is not None})
         final = self.path / fname
-        self._atomic(final, lambda tmp: write_safetensors(tmp, arrays, meta, fsync=True))
+        self._atomic(final, lambda fd: write_safetensors(fd, arrays, meta, fsync=True))
         item = {"step": step, "file": fname, "loss": loss_v, "lr": lr_v}
         item.update({k: v for k, v in counts if v is not None})
         item["tensors"] = listing
-        self._write_manifest([*self._steps, item])
+        self._append_log(item)
         self._steps.append(item)
         return final
 
     def close(self) -> None:
-        """Mark the writer closed (every step is already on disk)."""
-        self._closed = True
+        """Close the writer and release the folder's lock (every step is already on disk)."""
+        if not self._closed:
+            self._closed = True
+            self._log_closer()
+            self._lock.release()
 
     def __enter__(self) -> TraceWriter:
         return self
@@ -184,49 +232,95 @@ class TraceWriter:
 
     # -- internals -------------------------------------------------------------------------
 
+    def _ours(self, p: Path) -> bool:
+        """A leftover of a writer that stopped before its first manifest (safe to reuse)."""
+        if p.name.startswith(".") and p.name.endswith(_TMP_SUFFIX) or p.name == LOCK_FILE:
+            return True
+        st = p.lstat()
+        return p.name == STEP_LOG and stat.S_ISREG(st.st_mode) and st.st_size == 0
+
     def _clean(self, listed: set[Any]) -> None:
+        """Delete stray temporaries and unlisted step files (links themselves, never their targets)."""
         for p in self.path.iterdir():
             stray_tmp = p.name.startswith(".") and p.name.endswith(_TMP_SUFFIX)
             orphan = STEP_FILE_RE.match(p.name) and p.name not in listed
-            if (stray_tmp or orphan) and p.is_file():
+            if (stray_tmp or orphan) and not stat.S_ISDIR(p.lstat().st_mode):
                 p.unlink()
 
-    def _write_manifest(self, steps: list[dict[str, Any]]) -> None:
-        text = _manifest_text(self._metadata, steps)
+    def _cut_torn_tail(self) -> None:
+        """Cut an incomplete last line (an interrupted append) off the step log."""
+        log = self.path / STEP_LOG
+        data = read_small(log, "step log", self.path, MAX_MANIFEST_BYTES)
+        keep = data.rfind(b"\n") + 1
+        if keep != len(data):
+            fd = os.open(log, os.O_WRONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0))
+            try:
+                os.ftruncate(fd, keep)
+                os.fsync(fd)
+            finally:
+                os.close(fd)
 
-        def write(tmp: Path) -> None:
-            with open(tmp, "w", encoding="utf-8") as f:
-                f.write(text)
-                f.flush()
-                os.fsync(f.fileno())
-
-        self._atomic(self.path / MANIFEST, write)
-
-    def _atomic(self, final: Path, write: Any) -> None:
-        tmp = self.path / f".{final.name}.{os.getpid()}{_TMP_SUFFIX}"
+    def _append_log(self, item: dict[str, Any]) -> None:
+        """Append one step's line to the log in one write, fsync it; on failure cut it off again."""
+        line = _log_line(item).encode("utf-8")
+        log = self.path / STEP_LOG
         try:
-            write(tmp)
+            done = 0
+            while done < len(line):
+                done += os.write(self._log_fd, line[done:])
+            os.fsync(self._log_fd)
+        except OSError as e:
+            try:
+                os.ftruncate(self._log_fd, self._log_size)
+            except OSError:
+                pass
+            raise OSError(
+                e.errno, f"{e.strerror} (appending step {item['step']} to the step log)", str(log)
+            ) from e
+        self._log_size += len(line)
+
+    def _write_manifest(self) -> None:
+        text = _manifest_text(self._metadata)
+        self._atomic(self.path / MANIFEST, lambda fd: _write_text(fd, text))
+
+    def _atomic(self, final: Path, write: Callable[[int], None]) -> None:
+        """Write ``final`` through a fresh temporary file (``mkstemp``), fsync, rename, fsync the folder.
+
+        Raises:
+            OSError: naming ``final`` (e.g. a full disk); the temporary file is removed.
+        """
+        try:
+            fd, tmp = tempfile.mkstemp(prefix=f".{final.name}.", suffix=_TMP_SUFFIX, dir=self.path)
+        except OSError as e:
+            raise OSError(e.errno, f"{e.strerror} (creating a temporary file for it)", str(final)) from e
+        try:
+            write(fd)
             os.replace(tmp, final)
+        except OSError as e:
+            Path(tmp).unlink(missing_ok=True)
+            raise OSError(e.errno, f"{e.strerror} (writing it)", str(final)) from e
         except BaseException:
-            tmp.unlink(missing_ok=True)
+            Path(tmp).unlink(missing_ok=True)
             raise
         _fsync_dir(self.path)
 
 
-def _manifest_text(metadata: Mapping[str, Any], steps: list[dict[str, Any]]) -> str:
-    """The manifest as JSON with one line per tensor (readable, and compact for many steps)."""
+def _write_text(fd: int, text: str) -> None:
+    with open(fd, "w", encoding="utf-8", closefd=True) as f:
+        f.write(text)
+        f.flush()
+        os.fsync(f.fileno())
 
-    def dumps(obj: Any, **kw: Any) -> str:
-        return json.dumps(obj, allow_nan=False, **kw)
 
-    meta = dumps(metadata, indent=1).replace("\n", "\n ")
-    items = []
-    for item in steps:
-        head = dumps({k: v for k, v in item.items() if k != "tensors"})[:-1]
-        tensors = ",\n   ".join(dumps(t) for t in item["tensors"])
-        items.append(f'  {head}, "tensors": [\n   {tensors}]}}' if tensors else f'  {head}, "tensors": []}}')
-    body = ",\n".join(items)
-    return f'{{\n "fpsim_trace": {TRACE_VERSION},\n "metadata": {meta},\n "steps": [\n{body}\n ]\n}}\n'
+def _log_line(item: Mapping[str, Any]) -> str:
+    """One step's line of the step log: its JSON object and a newline."""
+    return json.dumps(item, allow_nan=False) + "\n"
+
+
+def _manifest_text(metadata: Mapping[str, Any]) -> str:
+    """The version 2 manifest: the version and the metadata (the steps are in the step log)."""
+    meta = json.dumps(metadata, allow_nan=False, indent=1).replace("\n", "\n ")
+    return f'{{\n "fpsim_trace": {TRACE_VERSION},\n "metadata": {meta}\n}}\n'
 
 
 def _check_step(step: Any, existing: list[int]) -> int:

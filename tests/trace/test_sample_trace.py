@@ -69,7 +69,7 @@ def test_generator_is_deterministic(tmp_path, capsys):
     for name in ("a", "b"):
         make_sample_trace(tmp_path / name, steps=20, every=10, seed=3, window=2)
     files = sorted(p.name for p in (tmp_path / "a").iterdir())
-    assert files == ["manifest.json", *(f"step_{s:06d}.safetensors" for s in (10, 19, 20))]
+    assert files == ["manifest.json", *(f"step_{s:06d}.safetensors" for s in (10, 19, 20)), "steps.jsonl"]
     for f in files:
         assert (tmp_path / "a" / f).read_bytes() == (tmp_path / "b" / f).read_bytes()
     with pytest.raises(FileExistsError, match="overwrite"):

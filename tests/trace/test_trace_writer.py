@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 import textwrap
@@ -108,7 +107,7 @@ def test_writing_is_deterministic(tmp_path):
     for name in ("a", "b"):
         with TraceWriter(tmp_path / name, metadata={"seed": 0}) as w:
             w.write_step(0, {"grad": {"x": np.arange(6, dtype=np.float32)}}, loss=1.0)
-    for f in ("manifest.json", "step_000000.safetensors"):
+    for f in ("manifest.json", "steps.jsonl", "step_000000.safetensors"):
         assert (tmp_path / "a" / f).read_bytes() == (tmp_path / "b" / f).read_bytes()
 
 
@@ -130,7 +129,13 @@ def test_write_step_argument_errors(tmp_path, step, tensors, error, match):
     with pytest.raises(error, match=match):
         w.write_step(step, tensors)
     assert open_trace(tmp_path / "t").steps == []
-    assert sorted(p.name for p in (tmp_path / "t").iterdir()) == ["manifest.json"]
+    assert sorted(p.name for p in (tmp_path / "t").iterdir()) == [
+        ".fpsim_writer.lock",
+        "manifest.json",
+        "steps.jsonl",
+    ]
+    w.close()  # releases the lock
+    assert sorted(p.name for p in (tmp_path / "t").iterdir()) == ["manifest.json", "steps.jsonl"]
 
 
 def test_writer_refuses_folders_that_are_not_traces(tmp_path):
@@ -153,26 +158,24 @@ def test_writer_refuses_folders_that_are_not_traces(tmp_path):
         TraceWriter(tmp_path / "other", metadata={"x": object()})
 
 
-def test_crash_between_step_file_and_manifest_keeps_completed_steps(tmp_path, monkeypatch):
+def test_crash_between_step_file_and_log_keeps_completed_steps(tmp_path, monkeypatch):
     path = tmp_path / "t"
     w = TraceWriter(path)
     w.write_step(0, {"grad": {"w": np.zeros(2, np.float32)}}, loss=2.0)
-    real_replace = os.replace
 
-    def crash_on_manifest(src, dst):
-        if str(dst).endswith("manifest.json"):
-            raise OSError("simulated crash")
-        return real_replace(src, dst)
+    def crash_on_log(self, item):
+        raise OSError("simulated crash")
 
-    monkeypatch.setattr(writer_module.os, "replace", crash_on_manifest)
+    monkeypatch.setattr(writer_module.TraceWriter, "_append_log", crash_on_log)
     with pytest.raises(OSError, match="simulated crash"):
         w.write_step(1, {"grad": {"w": np.ones(2, np.float32)}}, loss=1.0)
-    monkeypatch.setattr(writer_module.os, "replace", real_replace)
+    monkeypatch.undo()
     assert w.steps == [0]
     assert (path / "step_000001.safetensors").exists()  # the orphan of the interrupted step
     with pytest.warns(RuntimeWarning, match="step_000001.safetensors"):
         t = open_trace(path)
     assert t.steps == [0] and t.loss(0) == 2.0
+    w.close()
 
     w2 = TraceWriter(path)  # cleans the orphan, then the step can be written again
     assert not (path / "step_000001.safetensors").exists()
@@ -181,6 +184,8 @@ def test_crash_between_step_file_and_manifest_keeps_completed_steps(tmp_path, mo
 
 
 def test_killed_process_leaves_a_valid_trace(tmp_path):
+    """The process dies with half of step 2's log line written: the torn line is an
+    incomplete step (reported, ignored), the next writer cuts it off and appends."""
     path = tmp_path / "t"
     script = textwrap.dedent(
         f"""
@@ -192,26 +197,26 @@ def test_killed_process_leaves_a_valid_trace(tmp_path):
         w = TraceWriter({str(path)!r})
         w.write_step(0, {{"grad": {{"w": np.zeros(4, np.float32)}}}})
         w.write_step(1, {{"grad": {{"w": np.ones(4, np.float32)}}}})
-        real = os.replace
+        real = os.write
 
-        def die_before_manifest(src, dst):
-            if str(dst).endswith("manifest.json"):
-                os._exit(17)  # the process dies with the temporary manifest written
-            real(src, dst)
+        def die_mid_line(fd, data):
+            real(fd, data[: len(data) // 2])
+            os._exit(17)  # the process dies with half of the line written
 
-        writer.os.replace = die_before_manifest
+        writer.os.write = die_mid_line
         w.write_step(2, {{"grad": {{"w": np.full(4, 2, np.float32)}}}})
         """
     )
     proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 17, proc.stderr
-    leftovers = sorted(p.name for p in path.iterdir())
-    assert any(n.startswith(".manifest.json.") and n.endswith(".tmp") for n in leftovers), leftovers
-    with pytest.warns(RuntimeWarning, match="step_000002"):
+    assert not (path / "steps.jsonl").read_bytes().endswith(b"\n")
+    with pytest.warns(RuntimeWarning) as record:
         t = open_trace(path)
+    messages = " | ".join(str(r.message) for r in record)
+    assert "incomplete step" in messages and "step_000002" in messages, messages
     assert t.steps == [0, 1]
     assert (t.read(t.entry(1, "w")) == 1).all()
-    with TraceWriter(path) as w:
+    with TraceWriter(path) as w:  # the lock of the dead process is taken over
         assert w.steps == [0, 1]
         w.write_step(2, {"grad": {"w": np.full(4, 2, np.float32)}})
     assert sorted(p.name for p in path.iterdir()) == [
@@ -219,5 +224,6 @@ def test_killed_process_leaves_a_valid_trace(tmp_path):
         "step_000000.safetensors",
         "step_000001.safetensors",
         "step_000002.safetensors",
+        "steps.jsonl",
     ]
     assert open_trace(path).steps == [0, 1, 2]

@@ -22,7 +22,7 @@ def test_update_and_skipped_round_trip(tmp_path):
     tr = open_trace(tmp_path / "t")
     assert [tr.update(s) for s in tr.steps] == [1, 2, 2, None]
     assert [tr.skipped(s) for s in tr.steps] == [False, True, False, False]
-    items = json.loads((tmp_path / "t" / "manifest.json").read_text())["steps"]
+    items = [json.loads(line) for line in (tmp_path / "t" / "steps.jsonl").read_text().splitlines()]
     assert "skipped" not in items[0] and items[1]["skipped"] is True and "update" not in items[3]
     # a folder of the step files alone (no manifest) keeps them: they are in __metadata__ too
     (tmp_path / "t" / "manifest.json").unlink()
@@ -52,10 +52,10 @@ def test_writer_refuses_decreasing_update_and_bad_skipped(tmp_path):
 def test_reader_refuses_bad_fields(tmp_path, field, value, message):
     with TraceWriter(tmp_path / "t") as w:
         w.write_step(0, G, update=1)
-    path = tmp_path / "t" / "manifest.json"
-    manifest = json.loads(path.read_text())
-    manifest["steps"][0][field] = value
-    path.write_text(json.dumps(manifest))
+    path = tmp_path / "t" / "steps.jsonl"
+    item = json.loads(path.read_text())
+    item[field] = value
+    path.write_text(json.dumps(item) + "\n")
     with pytest.raises(TraceError, match=message):
         open_trace(tmp_path / "t")
 

@@ -1,0 +1,91 @@
+"""The exclusive writer lock of a trace folder: one :class:`~fpsim.trace.TraceWriter` at a time.
+
+The lock is ``flock(LOCK_EX | LOCK_NB)`` on the file ``.fpsim_writer.lock`` in the trace
+folder, which holds the pid and host of the writer that took it. The kernel drops the lock
+when its holder exits, however it exits (a ``SIGKILL`` included), so a lock file left by a
+crashed writer (a stale pid) is simply taken over by the next one; while a writer is alive,
+another (in the same process or another) is refused with a :class:`TraceError` naming the
+holder's pid. After taking the lock, the writer checks that the lock file it holds is still
+the one at the path (a writer that was releasing it may have just unlinked it), and retries
+otherwise. The lock file is opened with ``O_NOFOLLOW``, so a symlink planted there is refused.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import stat
+import weakref
+from pathlib import Path
+
+from .errors import TraceError
+
+__all__ = ["LOCK_FILE", "WriterLock"]
+
+LOCK_FILE = ".fpsim_writer.lock"
+
+
+def _release(fd: int, path: str) -> None:
+    try:
+        st, now = os.fstat(fd), os.lstat(path)
+        if (st.st_dev, st.st_ino) == (now.st_dev, now.st_ino):
+            os.unlink(path)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+class WriterLock:
+    """Hold the writer lock of ``folder`` until :meth:`release` (or until garbage collected).
+
+    Raises:
+        TraceError: another live writer holds it (naming its pid), or the lock file is not a
+            regular file.
+    """
+
+    def __init__(self, folder: Path):
+        self.path = Path(folder) / LOCK_FILE
+        import fcntl
+
+        flags = os.O_RDWR | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
+        for _ in range(100):
+            try:
+                fd = os.open(self.path, flags, 0o644)
+            except OSError as e:
+                raise TraceError(f"{self.path}: cannot open the writer lock: {e.strerror or e}") from e
+            st = os.fstat(fd)
+            if not stat.S_ISREG(st.st_mode):
+                os.close(fd)
+                raise TraceError(f"{self.path}: the writer lock is not a regular file; refused")
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except OSError:
+                holder = os.pread(fd, 200, 0).decode("utf-8", "replace").split()
+                os.close(fd)
+                who = (
+                    f"pid {holder[0]} on {holder[1]}"
+                    if len(holder) >= 2
+                    else "a writer whose pid is not written yet"
+                )
+                raise TraceError(
+                    f"{folder}: the trace folder is being written by another TraceWriter ({who}; lock file "
+                    f"{self.path}); only one writer at a time may append to a trace"
+                ) from None
+            try:
+                now = os.lstat(self.path)
+            except FileNotFoundError:
+                now = None
+            if now is None or (now.st_dev, now.st_ino) != (st.st_dev, st.st_ino):
+                os.close(fd)  # the previous holder unlinked it while we took it: take the new one
+                continue
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, f"{os.getpid()} {socket.gethostname()}\n".encode(), 0)
+            self._fd = fd
+            self._finalizer = weakref.finalize(self, _release, fd, str(self.path))
+            return
+        raise TraceError(f"{self.path}: could not take the writer lock (it keeps being replaced)")
+
+    def release(self) -> None:
+        """Drop the lock and remove the lock file (idempotent)."""
+        self._finalizer()
