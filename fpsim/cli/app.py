@@ -4,7 +4,8 @@ Each command is a module of this package with an ``add_parser(subparsers)`` that
 (its parser's ``run`` default runs it and returns the exit status): :mod:`.formats`,
 :mod:`.analyze`, :mod:`.replay`, :mod:`.memory`, :mod:`.accumulate`, :mod:`.validate` (``validate-kernels``),
 :mod:`.figures` and :mod:`.exhaustive`. Bad input (ValueError, TypeError, OSError) is
-reported on stderr as ``fpsim COMMAND: error: ...`` with exit status 2.
+reported on stderr as one line ``fpsim COMMAND: error: ...`` with exit status 2; a bad trace
+(:class:`~fpsim.trace.TraceError`, a ValueError) is such input.
 """
 
 from __future__ import annotations
@@ -38,7 +39,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return args.run(args)
     except (ValueError, TypeError, OSError) as err:  # bad input: say what and where, exit 2
-        print(f"fpsim {args.command}: error: {err}", file=sys.stderr)
+        print(f"fpsim {args.command}: error: {str(err).replace(chr(10), ' ')}", file=sys.stderr)
         return 2
 
 

@@ -28,7 +28,14 @@ import numpy as np
 
 from ..formats import RoundMode
 
-__all__ = ["SEED_MULTIPLIER", "random_bits_at", "random_words", "shifted_seed", "stochastic_words"]
+__all__ = [
+    "SEED_MULTIPLIER",
+    "check_random_args",
+    "random_bits_at",
+    "random_words",
+    "shifted_seed",
+    "stochastic_words",
+]
 
 SEED_MULTIPLIER = 0x9E3779B97F4A7C15
 """The odd multiplier of the seed in :func:`random_bits_at` (SplitMix64's golden gamma)."""
@@ -70,8 +77,10 @@ def random_words(xp: Any, random_bits: Any, rng: Any, shape: tuple) -> Any:
 
     Raises:
         ValueError: neither is given, or ``random_bits`` has another shape.
-        TypeError: ``random_bits`` is not uint32.
+        TypeError: ``random_bits`` is not a uint32 array, or ``rng`` is neither a numpy
+            Generator nor an int seed.
     """
+    check_random_args(random_bits, rng, 32)
     if random_bits is None:
         if rng is None:
             raise ValueError(
@@ -94,11 +103,44 @@ def stochastic_words(
     :func:`random_words` (``random_bits`` checked, or drawn from ``rng``).
 
     Raises:
-        ValueError: ``stochastic_bits`` outside [1, 32] for stochastic rounding, and as
-            :func:`random_words`.
+        TypeError, ValueError: as :func:`check_random_args` (for every mode: a wrong
+            argument is an error even where it is not used), and as :func:`random_words`.
     """
+    check_random_args(random_bits, rng, stochastic_bits)
     if mode is not RoundMode.STOCHASTIC:
         return None
+    return random_words(xp, random_bits, rng, shape)
+
+
+def check_random_args(random_bits: Any, rng: Any, stochastic_bits: Any) -> None:
+    """Check the random arguments every verb takes, before any is used.
+
+    Args:
+        random_bits: None or an array with a ``dtype`` and ``shape`` (numpy, JAX, ...).
+        rng: None, a ``numpy.random.Generator`` or a non-negative int seed.
+        stochastic_bits: an int in [1, 32].
+
+    Raises:
+        TypeError: a value of the wrong type, naming the argument and what it accepts.
+        ValueError: a negative seed, or ``stochastic_bits`` outside [1, 32].
+    """
+    if random_bits is not None and not (hasattr(random_bits, "dtype") and hasattr(random_bits, "shape")):
+        raise TypeError(
+            f"random_bits must be None or a uint32 array of x's shape (numpy or JAX), "
+            f"got {_short(random_bits)}"
+        )
+    if rng is not None and not isinstance(rng, np.random.Generator):
+        if isinstance(rng, bool) or not isinstance(rng, (int, np.integer)):
+            raise TypeError(f"rng must be None, a numpy.random.Generator or an int seed, got {_short(rng)}")
+        if rng < 0:
+            raise ValueError(f"rng: an int seed must be non-negative, got {rng}")
+    if isinstance(stochastic_bits, bool) or not isinstance(stochastic_bits, (int, np.integer)):
+        raise TypeError(f"stochastic_bits must be an int in [1, 32], got {_short(stochastic_bits)}")
     if not 1 <= stochastic_bits <= 32:
         raise ValueError(f"stochastic_bits must be in [1, 32], got {stochastic_bits}")
-    return random_words(xp, random_bits, rng, shape)
+
+
+def _short(value: Any) -> str:
+    """``value``'s type and (shortened) repr, for messages."""
+    text = repr(value)
+    return f"{type(value).__name__} {text if len(text) <= 60 else text[:57] + '...'}"

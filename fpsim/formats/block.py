@@ -18,7 +18,7 @@ from types import MappingProxyType
 import numpy as np
 
 from . import _codebooks
-from .element import FORMATS, Format, IntFormat
+from .element import FORMATS, Format, IntFormat, check_bool, check_int, check_name
 
 __all__ = ["ScaleRule", "Codebook", "BlockFormat", "RECIPES"]
 
@@ -104,7 +104,19 @@ class Codebook:
     lut_bins: int = 0
 
     def __post_init__(self) -> None:
+        where = f"Codebook {check_name(self.name, 'Codebook')!r}"
+        if not isinstance(self.values, (tuple, list)) or not all(
+            isinstance(x, (int, float, np.integer, np.floating)) and not isinstance(x, bool)
+            for x in self.values
+        ):
+            raise TypeError(
+                f"{where}: values must be a tuple of real numbers, got {type(self.values).__name__}"
+            )
+        object.__setattr__(self, "values", tuple(float(x) for x in self.values))
+        object.__setattr__(self, "lut_bins", check_int(self.lut_bins, "lut_bins", where))
         v = np.asarray(self.values, np.float64)
+        if not np.all(np.isfinite(v)):
+            raise ValueError(f"{where}: values must be finite")
         if not 2 <= v.size <= 256 or np.any(np.diff(v) <= 0) or np.any(np.abs(v) > 1):
             raise ValueError(f"Codebook {self.name!r}: need 2..256 strictly increasing values in [-1, 1]")
         if np.any(v.astype(np.float32) != v):
@@ -178,7 +190,8 @@ class BlockFormat:
     pad: bool = True
 
     def __post_init__(self) -> None:
-        where = f"BlockFormat {self.name!r}"
+        where = f"BlockFormat {check_name(self.name, 'BlockFormat')!r}"
+        self._check_types(where)
         if self.block is not None:
             if not self.block or any(b == 0 or b < -1 for b in self.block):
                 raise ValueError(f"{where}: block entries must be positive or -1, got {self.block}")
@@ -192,6 +205,45 @@ class BlockFormat:
             raise ValueError(f"{where}: NVFP4 stores float8_e4m3fn block scales")
         if not self.rule.is_mx and self.rule is not ScaleRule.NVFP4 and self.scale_format.bits != 32:
             raise ValueError(f"{where}: {self.rule.value} stores float32 scales")
+
+    def _check_types(self, where: str) -> None:
+        """Types of every field (normalizing ``block`` to a tuple of ints), naming the argument."""
+        if not isinstance(self.element, (Format, IntFormat, Codebook)):
+            hint = ""
+            if isinstance(self.element, str):
+                known = self.element in FORMATS
+                hint = (
+                    f"; use fpsim.formats.FORMATS[{self.element!r}]"
+                    if known
+                    else f"; known: {', '.join(FORMATS)}"
+                )
+            raise TypeError(
+                f"{where}: element must be a Format, IntFormat or Codebook, "
+                f"got {type(self.element).__name__} "
+                f"{self.element!r}{hint}"
+            )
+        if self.block is not None:
+            if not isinstance(self.block, (tuple, list)):
+                raise TypeError(
+                    f"{where}: block must be a tuple of ints (e.g. (32,) or (128, 128)) or None, "
+                    f"got {type(self.block).__name__} {self.block!r}"
+                )
+            object.__setattr__(self, "block", tuple(check_int(b, "block entries", where) for b in self.block))
+        if not isinstance(self.rule, ScaleRule):
+            allowed = ", ".join(f"ScaleRule.{r.name}" for r in ScaleRule)
+            raise TypeError(
+                f"{where}: rule must be one of {allowed}, got {type(self.rule).__name__} {self.rule!r}"
+            )
+        if not isinstance(self.scale_format, Format):
+            raise TypeError(f"{where}: scale_format must be a Format, got {type(self.scale_format).__name__}")
+        for f in ("pow2", "flatten", "pad"):
+            check_bool(getattr(self, f), f, where)
+        eps = self.eps
+        if isinstance(eps, bool) or not isinstance(eps, (int, float, np.integer, np.floating)):
+            raise TypeError(f"{where}: eps must be a real number >= 0, got {type(eps).__name__} {eps!r}")
+        if not (math.isfinite(eps) and eps >= 0):
+            raise ValueError(f"{where}: eps must be finite and >= 0, got {eps!r}")
+        object.__setattr__(self, "eps", float(eps))
 
     @property
     def block_elements(self) -> int | None:

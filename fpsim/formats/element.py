@@ -28,6 +28,29 @@ __all__ = [
 ]
 
 
+def check_name(name: object, kind: str) -> str:
+    """``name`` if it is a non-empty str, else TypeError/ValueError naming ``kind``'s ``name`` argument."""
+    if not isinstance(name, str):
+        raise TypeError(f"{kind}: name must be a str, got {type(name).__name__} {name!r}")
+    if not name:
+        raise ValueError(f"{kind}: name must be a non-empty str")
+    return name
+
+
+def check_int(value: object, arg: str, where: str) -> int:
+    """``value`` as an int if it is one (Python or numpy integer, not bool), else TypeError naming ``arg``."""
+    if isinstance(value, bool) or not hasattr(value, "__index__") or isinstance(value, float):
+        raise TypeError(f"{where}: {arg} must be an int, got {type(value).__name__} {value!r}")
+    return int(value.__index__())  # type: ignore[attr-defined]
+
+
+def check_bool(value: object, arg: str, where: str) -> bool:
+    """``value`` if it is True or False (numpy bools too), else TypeError naming ``arg``."""
+    if type(value).__name__ not in ("bool", "bool_"):
+        raise TypeError(f"{where}: {arg} must be True or False, got {type(value).__name__} {value!r}")
+    return bool(value)
+
+
 class Encoding(enum.Enum):
     """How a float format uses its top codes.
 
@@ -79,9 +102,15 @@ class Format:
     has_zero: bool = True
 
     def __post_init__(self) -> None:
+        where = f"Format {check_name(self.name, 'Format')!r}"
+        for f in ("exponent_bits", "mantissa_bits", "bias"):
+            object.__setattr__(self, f, check_int(getattr(self, f), f, where))
+        for f in ("signed", "subnormals", "has_zero"):
+            check_bool(getattr(self, f), f, where)
         e, m = self.exponent_bits, self.mantissa_bits
         if not isinstance(self.encoding, Encoding):
-            raise TypeError(f"Format {self.name!r}: encoding must be an Encoding, got {self.encoding!r}")
+            allowed = ", ".join(f"Encoding.{v.name}" for v in Encoding)
+            raise TypeError(f"{where}: encoding must be an Encoding ({allowed}), got {self.encoding!r}")
         if e < 1 or m < 0:
             raise ValueError(f"Format {self.name!r}: need exponent_bits >= 1 and mantissa_bits >= 0")
         if self.bits > 32:
@@ -229,6 +258,11 @@ class IntFormat:
     fraction_bits: int = 0
 
     def __post_init__(self) -> None:
+        where = f"IntFormat {check_name(self.name, 'IntFormat')!r}"
+        for f in ("bits", "fraction_bits"):
+            object.__setattr__(self, f, check_int(getattr(self, f), f, where))
+        for f in ("signed", "symmetric"):
+            check_bool(getattr(self, f), f, where)
         if not 2 <= self.bits <= 16:
             raise ValueError(f"IntFormat {self.name!r}: bits must be in [2, 16], got {self.bits}")
         if self.symmetric and not self.signed:

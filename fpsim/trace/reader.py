@@ -247,6 +247,8 @@ class Trace:
         behind). A file that was replaced, truncated or rewritten since the trace was opened
         raises :class:`TraceError` naming it.
         """
+        if not isinstance(entry, TensorEntry):
+            raise TypeError(f"entry must be a TensorEntry (from Trace.entries or Trace.entry), got {entry!r}")
         source = self._sources.get(entry.file)
         if source is None or entry not in self._known:
             raise ValueError(f"{entry!r} does not belong to trace {self.path}")
@@ -266,6 +268,8 @@ class Trace:
         """
         if isinstance(chunk_elements, bool) or not isinstance(chunk_elements, int) or chunk_elements < 1:
             raise ValueError(f"chunk_elements must be a positive int, got {chunk_elements!r}")
+        if not isinstance(entry, TensorEntry):
+            raise TypeError(f"entry must be a TensorEntry (from Trace.entries or Trace.entry), got {entry!r}")
         source = self._sources.get(entry.file)
         read_flat = getattr(source, "read_flat", None)
         if read_flat is not None and entry in self._known:
@@ -559,7 +563,7 @@ def _warn_orphans(folder: Path, listed: set[str]) -> None:
     orphans = sorted(p.name for p in folder.iterdir() if STEP_FILE_RE.match(p.name) and p.name not in listed)
     if orphans:
         warnings.warn(
-            f"{folder}: step files not listed in {MANIFEST} are ignored (left by an interrupted write?): "
+            f"{folder}: step files not listed in the trace are ignored (left by an interrupted write?): "
             f"{', '.join(orphans)}",
             RuntimeWarning,
             stacklevel=4,
