@@ -6,24 +6,33 @@ sequence of steps; each step holds named tensors in one of three *roles*: ``"gra
 ``"state.exp_avg"``, ``"state.exp_avg_sq"``, ``"state.momentum_buffer"``), plus an optional
 loss and learning rate.
 
-Trace folder format (version 1)
+Trace folder format (version 2)
 -------------------------------
 
-A folder with ``manifest.json`` and one safetensors file per step, ``step_000012.safetensors``
-(the step number zero-padded to six digits). The manifest::
+A folder with ``manifest.json``, the step log ``steps.jsonl`` and one safetensors file per
+step, ``step_000012.safetensors`` (the step number zero-padded to six digits). The manifest
+holds the version and the metadata only, and is written once, when a writer opens the folder::
 
-    {
-     "fpsim_trace": 1,
-     "metadata": {...},                        # free-form JSON: model, data, seed, versions
-     "steps": [
-      {"step": 12, "file": "step_000012.safetensors",
-       "loss": 0.731, "lr": 0.001,             # number, null, or "NaN"/"Infinity"/"-Infinity"
-       "update": 12,                           # optional: the optimizer's update count
-       "skipped": true,                        # optional, only when true
-       "tensors": [{"key": "grad:layer.weight", "name": "layer.weight", "role": "grad",
-                    "shape": [64, 32], "dtype": "float32"}, ...]},
-      ...]
-    }
+    {"fpsim_trace": 2,
+     "metadata": {...}}                        # free-form JSON: model, data, seed, versions
+
+The step log is append-only: one JSON object per line, one line per step, each line ended by
+a newline (``\n``)::
+
+    {"step": 12, "file": "step_000012.safetensors",
+     "loss": 0.731, "lr": 0.001,               # number, null, or "NaN"/"Infinity"/"-Infinity"
+     "update": 12,                             # optional: the optimizer's update count
+     "skipped": true,                          # optional, only when true
+     "tensors": [{"key": "grad:layer.weight", "name": "layer.weight", "role": "grad",
+                  "shape": [64, 32], "dtype": "float32"}, ...]}
+
+(shown on several lines here; one line in the file). A line is valid only with its newline:
+bytes after the last newline are a step whose line was being appended when the writer
+stopped, reported (:class:`RuntimeWarning`) and ignored as an incomplete step; every complete
+line must be valid JSON, else the log is corrupt (:class:`TraceError` naming the line).
+Version 1 (``"fpsim_trace": 1``) kept the same step objects in a ``"steps"`` list of the
+manifest, rewritten at every step; such traces still read, and a :class:`TraceWriter` opened
+on one converts it to version 2.
 
 Steps are listed in increasing order, each once. ``update`` (optional, an integer >= 1) is
 the 1-based number of the optimizer update this step's gradients feed (the ``t`` of Adam's
@@ -36,18 +45,37 @@ counts (:mod:`fpsim.replay`). The step number itself is the training loop's own 
 ``"<role>:<name>"``; dtypes are float32, float16, bfloat16, float64, float8_e4m3fn,
 float8_e5m2 (safetensors codes F32, F16, BF16, F64, F8_E4M3, F8_E5M2), also float8_e8m0fnu,
 integer and bool tensors, whose :attr:`TensorEntry.dtype` says they are not floats. A step
-file's ``__metadata__`` repeats the step (``fpsim_trace_step``) and its loss, lr, update and
-skipped flag, so a
-folder of step files also opens without its manifest. Byte order is little-endian; data is
-C-ordered and 8-byte aligned.
+file's ``__metadata__`` repeats the step (``fpsim_trace_step``, a decimal string) and its
+loss, lr, update and skipped flag (each as JSON text), so a folder of step files also opens
+without its manifest. Byte order is little-endian; data is C-ordered and 8-byte aligned.
 
-The manifest must agree with the files: opening a trace checks that each listed file
-exists and that its header lists exactly the manifest's keys, shapes and dtypes; step
-files the manifest does not list (left by an interrupted write) are ignored with a warning.
-Any disagreement raises :class:`TraceError` naming the file.
+The listing must agree with the files: opening a trace checks that each listed file is a
+regular file inside the folder, that its header lists exactly the listed keys, shapes and
+dtypes, and that its ``__metadata__`` (when it has ``fpsim_trace_step``) agrees with the
+listed step, loss, lr, update and skipped flag; step files not listed (left by an
+interrupted write) are ignored with a warning. Any disagreement raises :class:`TraceError`
+naming the file.
 
-:class:`TraceWriter` writes each step atomically (temporary file, fsync, rename, then the
-manifest the same way), so a crash leaves a valid trace of the completed steps.
+Writing: :class:`TraceWriter` holds the folder's writer lock (``flock`` on
+``.fpsim_writer.lock``, which names the holder's pid; :mod:`fpsim.trace.lock`): a second
+writer, in the same process or another, is refused naming that pid, and the lock of a
+writer that died is taken over. Each step is written to a fresh temporary file
+(``mkstemp``, never following a planted symlink), fsynced and renamed into place, then its
+log line is appended in one ``write`` and fsynced. A crash at any point (``SIGKILL``
+included) leaves exactly the completed steps readable; a full disk raises :class:`OSError`
+naming the file and leaves the listed steps as they were (a step file whose line could not
+be appended stays unlisted, and the next writer deletes it).
+
+Reading files from strangers (:mod:`fpsim.trace.files`): every file is opened without
+blocking and must be a regular file (a FIFO, socket, device or folder is refused, never
+waited on); in a trace folder or an imported folder it must not be a symlink leading
+outside the folder; JSON (headers, manifest, log, ``__metadata__``) is parsed with bounds on
+nesting, integer digits and size; tensors are read with ``pread`` into memory of their own,
+never memory-mapped, so a file truncated while in use raises :class:`TraceError` instead of
+killing the process with ``SIGBUS``. Every failure of a reader, importer or writer is a
+:class:`TraceError` (or an :class:`OSError` carrying the path) naming the file; pickles are
+never loaded.
+
 :func:`open_trace` also imports folders of ``.pt``/``.npz``/``.safetensors`` files and single
 files (see :mod:`fpsim.trace.importers`). :class:`TorchCapture` and :func:`capture_jax`
 record from training loops; importing this package imports neither torch nor jax.

@@ -66,7 +66,7 @@ from .reader import (
     step_metadata,
 )
 from .reader import load_manifest_trace as _load_manifest_trace
-from .safetensors_io import check_shape, read_header
+from .safetensors_io import check_shape, fresh_array, read_header
 
 __all__ = ["as_trace", "open_trace", "sample_trace_path", "split_key"]
 
@@ -464,7 +464,7 @@ class _NpzSource:
         m = self.members[key]
         if m.offset is not None and m.dtype.itemsize * math.prod(m.shape) > 0:
             # Fortran order: read the C-order array of the reversed shape; its transpose is the array
-            out = np.empty(m.shape[::-1] if m.fortran else m.shape, dtype=m.dtype)
+            out = fresh_array(math.prod(m.shape), m.dtype).reshape(m.shape[::-1] if m.fortran else m.shape)
             fd = open_regular(self.file, ".npz file")
             try:
                 if file_identity(fd) != self.identity:

@@ -30,6 +30,7 @@ from .safetensors_io import (
     read_header,
     read_tensor,
 )
+from .steplog import attach_step_log, parse_step_log
 
 __all__ = [
     "MANIFEST",
@@ -317,41 +318,6 @@ def parse_manifest(data: bytes, where: str) -> dict[str, Any]:
         raise TraceError(f"{where}: 'steps' must be a list")
     if version >= 2 and "steps" in manifest:
         raise TraceError(f"{where}: a version {version} manifest lists no 'steps' (they are in {STEP_LOG})")
-    return manifest
-
-
-def parse_step_log(data: bytes, where: str) -> tuple[list[Any], int]:
-    """The items of a step log (one JSON object per line), and the length of its torn tail.
-
-    Every line that ends with a newline must be valid (bounded) JSON, else the log is
-    corrupt. Bytes after the last newline are a step whose line was being appended when the
-    writer stopped: they are not an item, and their count is returned so the caller can
-    report the incomplete step (and a writer can cut it off).
-
-    Raises:
-        TraceError: ``"<where>: line N: ..."`` for a complete line that is not valid JSON.
-    """
-    end = data.rfind(b"\n") + 1
-    lines = data[:end].split(b"\n")[:-1]
-    items = [load_json(line, f"{where}: line {i}", "step log line") for i, line in enumerate(lines, 1)]
-    return items, len(data) - end
-
-
-def attach_step_log(manifest: dict[str, Any], data: bytes, where: str) -> dict[str, Any]:
-    """Set a version 2 manifest's ``"steps"`` from its step log's bytes (see :func:`parse_step_log`).
-
-    A torn last line is reported with a :class:`RuntimeWarning` (an incomplete step, left by
-    an interrupted write) and left out; every complete step is kept.
-    """
-    items, torn = parse_step_log(data, where)
-    if torn:
-        warnings.warn(
-            f"{where}: the last line ({torn} bytes without its newline) is an incomplete step, left by an "
-            f"interrupted write; it is ignored",
-            RuntimeWarning,
-            stacklevel=3,
-        )
-    manifest["steps"] = items
     return manifest
 
 

@@ -13,7 +13,8 @@ size); :func:`read_tensor` reads one tensor (or a flat range of its elements) in
 array with ``pread`` (:func:`fpsim.trace.files.read_exact`), after checking that the file is
 still the one whose header was read (same device, inode, size and modification time). No
 file is memory-mapped, so a file truncated while in use gives a :class:`TraceError`, never
-a ``SIGBUS``; and no descriptor stays open between reads. Header JSON is parsed with the
+a ``SIGBUS``; and no descriptor stays open between reads. Large tensors are read into
+huge-page-backed anonymous memory (:func:`fresh_array`). Header JSON is parsed with the
 bounds of :func:`fpsim.trace.files.load_json`. bfloat16 and float8 tensors are read as the
 ml_dtypes types.
 """
@@ -22,6 +23,7 @@ from __future__ import annotations
 
 import json
 import math
+import mmap
 import os
 import struct
 from collections.abc import Mapping
@@ -262,6 +264,29 @@ def check_shape(shape: list[int] | tuple[int, ...], where: str) -> None:
         raise TraceError(f"{where}: shape {list(shape)} has too many elements for numpy")
 
 
+_HUGE = 2 << 20  # a transparent huge page
+
+
+def fresh_array(n: int, dtype: np.dtype) -> np.ndarray:
+    """An uninitialized 1-D array of ``n`` elements to read a file's bytes into.
+
+    Arrays of 2 MiB and more live in their own anonymous memory map with ``MADV_HUGEPAGE``
+    (where the system has it): filling fresh memory costs a page fault per page, and huge
+    pages make reading a large tensor 2-3 times faster than into ``np.empty`` on a VM
+    (``benchmarks/bench_trace_read.py``). The map is anonymous (no file behind it), so it
+    cannot raise ``SIGBUS``; it is freed with the array.
+    """
+    nbytes = n * dtype.itemsize
+    if nbytes < _HUGE or not hasattr(mmap, "MADV_HUGEPAGE"):
+        return np.empty(n, dtype=dtype)
+    buf = mmap.mmap(-1, nbytes, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+    try:
+        buf.madvise(mmap.MADV_HUGEPAGE)
+    except OSError:  # (a kernel without transparent huge pages)
+        pass
+    return np.frombuffer(buf, dtype=dtype)
+
+
 def read_tensor(header: SafetensorsHeader, key: str, start: int = 0, stop: int | None = None) -> np.ndarray:
     """One tensor of a file, read into a fresh array (or its flat elements ``start:stop``).
 
@@ -277,13 +302,12 @@ def read_tensor(header: SafetensorsHeader, key: str, start: int = 0, stop: int |
     slot = header.tensors[key]
     dt = numpy_dtype(slot.dtype)
     total = math.prod(slot.shape)
-    if start == 0 and stop is None:
-        out = np.empty(slot.shape, dtype=dt)
-    else:
-        stop = total if stop is None else stop
-        if not 0 <= start <= stop <= total:
-            raise ValueError(f"element range {start}:{stop} is outside tensor {key!r} of {total} elements")
-        out = np.empty(stop - start, dtype=dt)
+    stop = total if stop is None else stop
+    if not 0 <= start <= stop <= total:
+        raise ValueError(f"element range {start}:{stop} is outside tensor {key!r} of {total} elements")
+    out = fresh_array(stop - start, dt)
+    if start == 0 and stop == total:
+        out = out.reshape(slot.shape)
     if out.nbytes:
         fd = open_regular(header.path, "safetensors file")
         try:
