@@ -48,7 +48,13 @@ class WriterLock:
         self.path = Path(folder) / LOCK_FILE
         import fcntl
 
-        flags = os.O_RDWR | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
+        flags = (
+            os.O_RDWR
+            | os.O_CREAT
+            | os.O_NONBLOCK
+            | getattr(os, "O_NOFOLLOW", 0)
+            | getattr(os, "O_CLOEXEC", 0)
+        )
         for _ in range(100):
             try:
                 fd = os.open(self.path, flags, 0o644)
@@ -60,18 +66,20 @@ class WriterLock:
                 raise TraceError(f"{self.path}: the writer lock is not a regular file; refused")
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except OSError:
+            except BlockingIOError:
                 holder = os.pread(fd, 200, 0).decode("utf-8", "replace").split()
                 os.close(fd)
-                who = (
-                    f"pid {holder[0]} on {holder[1]}"
-                    if len(holder) >= 2
-                    else "a writer whose pid is not written yet"
-                )
+                if len(holder) >= 2 and holder[0].isdigit():
+                    who = f"pid {holder[0]} on {holder[1][:64]}"
+                else:
+                    who = "a writer whose pid the lock file does not say yet"
                 raise TraceError(
                     f"{folder}: the trace folder is being written by another TraceWriter ({who}; lock file "
                     f"{self.path}); only one writer at a time may append to a trace"
                 ) from None
+            except OSError as e:  # e.g. a file system without locks
+                os.close(fd)
+                raise TraceError(f"{self.path}: cannot take the writer lock: {e.strerror or e}") from e
             try:
                 now = os.lstat(self.path)
             except FileNotFoundError:

@@ -98,15 +98,15 @@ class TraceWriter:
 
     def _open(self, metadata: Mapping[str, Any] | None) -> None:
         if (self.path / MANIFEST).exists() or (self.path / MANIFEST).is_symlink():
-            with warnings.catch_warnings():  # a torn log line is cut off below, not reported
+            with warnings.catch_warnings():  # leftovers are deleted below, not reported
                 warnings.simplefilter("ignore", RuntimeWarning)
                 manifest = read_manifest(self.path)
+                load_manifest_trace(self.path)  # full cross-check before deleting anything
             self._steps: list[dict[str, Any]] = list(manifest["steps"])
-            self._clean({item.get("file") for item in self._steps if isinstance(item, dict)})
+            self._clean({item["file"] for item in self._steps})  # (checked: dicts with a file name)
             version = manifest["fpsim_trace"]
             if version >= 2:
                 self._cut_torn_tail()
-            load_manifest_trace(self.path)  # full cross-check with the files
             old = dict(manifest.get("metadata", {}))
         else:
             # A writer creates the log and manifest before any step file, so anything else
