@@ -224,6 +224,16 @@ def test_torn_last_log_line_is_an_incomplete_step_never_a_wrong_one(tmp_path):
     )
 
 
+def test_writer_on_a_corrupt_trace_refuses_and_deletes_nothing(tmp_path):
+    path = _trace(tmp_path / "t")
+    for log in ('{"step": 0}\n', '{"step": 0, "file": "step_000000.safetensors", "tensors": []}\n'):
+        (path / "steps.jsonl").write_text(log)  # a listing that does not match the step files
+        before = _snapshot(path)
+        with pytest.raises(TraceError):
+            TraceWriter(path)
+        assert _snapshot(path) == before  # no step file taken for a leftover and deleted
+
+
 def test_missing_step_log_is_an_error(tmp_path):
     path = _trace(tmp_path / "t")
     (path / "steps.jsonl").unlink()
