@@ -49,7 +49,9 @@ def _bounded():
 def _fork(body) -> int:
     """Run ``body()`` in a forked child (modules already imported: no interpreter start-up);
     the child exits 0 when it returns, 1 when it raises. Returns the child's pid."""
-    pid = os.fork()
+    with warnings.catch_warnings():  # (JAX, if loaded, warns about fork; the child never uses it)
+        warnings.simplefilter("ignore", RuntimeWarning)
+        pid = os.fork()
     if pid == 0:  # pragma: no cover (the child)
         code = 1
         try:
