@@ -67,14 +67,16 @@ Example:
 
 from __future__ import annotations
 
-from .capture import TorchCapture, capture_jax
+from .capture import TorchCapture, capture_jax, jax_operands
 from .errors import TraceError
 from .importers import as_trace, open_trace, sample_trace_path
 from .jsonvalues import json_safe
+from .operand_stats import OperandStats, decode_stats
 from .reader import TensorEntry, Trace
 from .writer import TraceWriter
 
 __all__ = [
+    "OperandStats",
     "TensorEntry",
     "TorchCapture",
     "Trace",
@@ -82,6 +84,8 @@ __all__ = [
     "TraceWriter",
     "as_trace",
     "capture_jax",
+    "decode_stats",
+    "jax_operands",
     "json_safe",
     "open_trace",
     "sample_trace_path",
