@@ -14,8 +14,10 @@ Operands are named by module (``"layers.0.fc1"``, the name in ``model.named_modu
 which prefixes its parameters' names); a module called more than once in a recorded step
 (gradient accumulation, weight sharing) gives ``"name#1"``, ``"name#2"``, ... for the later
 calls. Only forwards run with gradients enabled are recorded (an evaluation pass under
-``torch.no_grad()`` is not). ``nn.MultiheadAttention``'s fused in-projection is not a
-module of its own and is not recorded (its ``out_proj`` is).
+``torch.no_grad()`` is not). ``nn.MultiheadAttention`` runs its projections functionally
+(its ``out_proj`` module is never called), so it is recorded as one module: its input is the
+query (the input of the in-projection GEMM) and its grad_output the gradient of the
+attention output (the output of the out-projection GEMM).
 
 With ``stats=True`` each operand becomes its statistics vector (roles ``"stats.input"``,
 ``"stats.grad_output"``; :mod:`fpsim.trace.operand_stats`), computed where the tensor lives.
@@ -36,8 +38,11 @@ def matmul_modules(model: Any) -> list[tuple[str, Any]]:
     """The ``(name, module)`` pairs of ``model`` whose operands are recorded, in module order."""
     import torch
 
-    kinds = (torch.nn.Linear, torch.nn.Conv1d, torch.nn.Conv2d, torch.nn.Conv3d)
-    return [(name, m) for name, m in model.named_modules() if isinstance(m, kinds) and name]
+    nn = torch.nn
+    kinds = (nn.Linear, nn.Conv1d, nn.Conv2d, nn.Conv3d, nn.MultiheadAttention)
+    found = [(name, m) for name, m in model.named_modules() if isinstance(m, kinds)]
+    fused = {f"{name}.out_proj" for name, m in found if isinstance(m, nn.MultiheadAttention)}
+    return [(name, m) for name, m in found if name not in fused]
 
 
 class OperandRecorder:
@@ -57,7 +62,9 @@ class OperandRecorder:
         chosen = [(n, m) for n, m in found if select(n)]
         if not chosen:
             what = "none is selected by tensors=" if found else "the model has none"
-            raise ValueError(f"operands= records nn.Linear / nn.Conv1d/2d/3d modules, but {what}")
+            raise ValueError(
+                f"operands= records nn.Linear, nn.Conv1d/2d/3d and nn.MultiheadAttention modules, but {what}"
+            )
         self.names = [n for n, _ in chosen]
         self.stats = bool(stats)
         self.armed = False
@@ -99,6 +106,8 @@ class OperandRecorder:
             self._calls[name] = k + 1
             key = name if k == 0 else f"{name}#{k}"
             self._inputs[key] = self._take(args[0])
+            if isinstance(output, tuple) and output:  # MultiheadAttention: (output, weights)
+                output = output[0]
             if torch.is_tensor(output) and output.requires_grad:
 
                 def grad_hook(g: Any) -> None:
