@@ -68,16 +68,19 @@ Example:
 from __future__ import annotations
 
 from .capture import TorchCapture, capture_jax, jax_operands
+from .checkpoints import open_checkpoint
 from .errors import TraceError
 from .importers import as_trace, open_trace, sample_trace_path
 from .jsonvalues import json_safe
 from .operand_stats import OperandStats, decode_stats
 from .reader import TensorEntry, Trace
+from .trainer import TraceCallback
 from .writer import TraceWriter
 
 __all__ = [
     "OperandStats",
     "TensorEntry",
+    "TraceCallback",
     "TorchCapture",
     "Trace",
     "TraceError",
@@ -87,6 +90,7 @@ __all__ = [
     "decode_stats",
     "jax_operands",
     "json_safe",
+    "open_checkpoint",
     "open_trace",
     "sample_trace_path",
 ]

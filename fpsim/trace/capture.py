@@ -133,7 +133,7 @@ class TorchCapture:
             operand modules) whose names match are recorded; a pattern matching nothing is
             an error.
         states: when recorded steps include the optimizer state: ``"every"`` one (default),
-            the ``"first"`` one only (all the replay reads), or every k-th one (an int).
+            the ``"first"`` one that has any (all the replay reads), or every k-th one (an int).
         operands: False, True (the operand tensors) or ``"stats"`` (their statistics).
         asynchronous: write in a background thread (default) or in :meth:`step`.
         max_pending: snapshots that may wait for the writer thread (default 2).
@@ -198,6 +198,7 @@ class TorchCapture:
         self.every = self.schedule.when if isinstance(self.schedule.when, int) else None
         self.scaler = scaler
         self._recorded = 0
+        self._with_states = 0  # recorded steps that hold optimizer state
         self._last_step: int | None = None
         self._next = first_step
         self._hooked_updates = 0
@@ -285,8 +286,10 @@ class TorchCapture:
         if self.params:
             tensors["param"] = {name: p for name, p in named}
         if self.optimizer is not None:
-            if self.schedule.records_states(self._recorded):
-                tensors.update(self._states())
+            if self.schedule.records_states(self._recorded, self._with_states):
+                found = self._states()
+                tensors.update(found)
+                self._with_states += bool(found)
             if lr is None:
                 lr = self.optimizer.param_groups[0]["lr"]
         update = None if self.optimizer is None else self._update_count()

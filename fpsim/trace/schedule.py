@@ -9,8 +9,9 @@ A :class:`CaptureSchedule` is resolved once, when a capture is made, from the op
   ``step -> bool``), or one of the final ``last`` steps of a run of ``total_steps`` steps
   (steps ``total_steps - last`` to ``total_steps - 1``, the loop counting from 0);
 * :meth:`CaptureSchedule.records_states` -- whether a recorded step also gets the optimizer
-  state: ``"every"`` recorded step, only the ``"first"`` one (what the replay reads), or
-  every k-th recorded step (``states=k``: the 1st, (k+1)-th, ... recorded step);
+  state: ``"every"`` recorded step, only the ``"first"`` one that has any (what the replay
+  reads; PyTorch optimizers create their state in their first ``step()``), or every k-th
+  recorded step (``states=k``: the 1st, (k+1)-th, ... recorded step);
 * :meth:`CaptureSchedule.selects` -- whether a tensor name matches ``tensors`` (shell-style
   patterns, :func:`fnmatch.fnmatchcase`; None: every tensor).
 """
@@ -106,12 +107,17 @@ class CaptureSchedule:
             raise TypeError(f"when= callable returned {answer!r} for step {step}; expected True or False")
         return bool(answer)
 
-    def records_states(self, recorded_before: int) -> bool:
-        """Whether the recorded step with ``recorded_before`` recorded steps before it gets states."""
+    def records_states(self, recorded_before: int, with_states_before: int) -> bool:
+        """Whether a recorded step gets the optimizer state.
+
+        Args:
+            recorded_before: the steps recorded before this one.
+            with_states_before: how many of them hold optimizer state.
+        """
         if self.states == "every":
             return True
         if self.states == "first":
-            return recorded_before == 0
+            return with_states_before == 0
         return recorded_before % self.states == 0
 
     def selects(self, name: str) -> bool:
