@@ -98,6 +98,42 @@ def test_te_view_delayed_scaling_over_the_recorded_steps(capture, tmp_path, caps
     assert {r["role"] for r in view["roles"]} == {"input", "grad_output"}
 
 
+def test_te_view_current_scaling(capture, tmp_path, capsys):
+    assert (
+        main(
+            [
+                "analyze",
+                str(capture),
+                "--te",
+                "current",
+                "--format",
+                "float16",
+                "--no-swamping",
+                "--quiet",
+                "--backend",
+                "numpy",
+                "--out",
+                str(tmp_path),
+                "--json",
+            ]
+        )
+        == 0
+    )
+    view = json.loads(capsys.readouterr().out)["te_view"]
+    trace = open_trace(capture)
+    for row in view["roles"]:
+        fmt, fmax = (
+            (ml_dtypes.float8_e4m3fn, 448.0) if row["role"] == "input" else (ml_dtypes.float8_e5m2, 57344.0)
+        )
+        assert row["format"] == ("e4m3_tensor" if row["role"] == "input" else "e5m2_tensor")
+        underflow = 0
+        for e in trace.entries(role=row["role"]):
+            x = np.asarray(trace.read(e), np.float32).ravel()
+            q = (x * (np.float32(fmax) / np.abs(x).max())).astype(fmt).astype(np.float32)
+            underflow += np.count_nonzero((x != 0) & (q == 0))
+        assert row["underflow"] == underflow and row["saturated"] == 0, row
+
+
 def test_te_view_needs_operands(tmp_path, capsys):
     from fpsim.trace import sample_trace_path
 
