@@ -28,7 +28,6 @@ import torch
 
 from fpsim.trace import TorchCapture, open_trace
 
-
 BLOCKED: list[float] = []  # seconds the training thread spent in cap.step() on recorded steps
 
 
