@@ -126,12 +126,16 @@ def test_te_view_current_scaling(capture, tmp_path, capsys):
             (ml_dtypes.float8_e4m3fn, 448.0) if row["role"] == "input" else (ml_dtypes.float8_e5m2, 57344.0)
         )
         assert row["format"] == ("e4m3_tensor" if row["role"] == "input" else "e5m2_tensor")
-        underflow = 0
+        underflow = saturated = 0
         for e in trace.entries(role=row["role"]):
             x = np.asarray(trace.read(e), np.float32).ravel()
-            q = (x * (np.float32(fmax) / np.abs(x).max())).astype(fmt).astype(np.float32)
+            scale = np.float32(fmax) / np.abs(x).max()
+            el = np.clip(x * scale, -fmax, fmax).astype(fmt).astype(np.float32)
+            q = el * (np.float32(1) / scale)  # decoded with the float32 decode scale
+            # saturated, as the analysis defines it: the element is +-max and |x| > |q|
+            saturated += np.count_nonzero((np.abs(el) == fmax) & (np.abs(x) > np.abs(q)))
             underflow += np.count_nonzero((x != 0) & (q == 0))
-        assert row["underflow"] == underflow and row["saturated"] == 0, row
+        assert (row["underflow"], row["saturated"]) == (underflow, saturated), row
 
 
 def test_te_view_needs_operands(tmp_path, capsys):
