@@ -50,7 +50,9 @@ class OperandRecorder:
 
     Args:
         model: the ``torch.nn.Module``.
-        select: which module names to record (e.g. a schedule's name patterns).
+        select: which modules to record, asked with the module's name and its parameters'
+            names (a schedule's patterns: ``"fc.*"`` selects the module ``fc`` through
+            ``fc.weight``).
         stats: record statistics vectors instead of the tensors.
 
     Raises:
@@ -59,7 +61,9 @@ class OperandRecorder:
 
     def __init__(self, model: Any, select: Callable[[str], bool] = lambda name: True, stats: bool = False):
         found = matmul_modules(model)
-        chosen = [(n, m) for n, m in found if select(n)]
+        chosen = [
+            (n, m) for n, m in found if select(n) or any(select(f"{n}.{p}") for p, _ in m.named_parameters())
+        ]
         if not chosen:
             what = "none is selected by tensors=" if found else "the model has none"
             raise ValueError(

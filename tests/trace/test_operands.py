@@ -165,3 +165,13 @@ def test_jax_operands_are_the_layer_inputs_and_output_gradients(tmp_path):
     np.testing.assert_array_equal(t.read(t.entry(0, "fc2", "input")), np.asarray(inputs["fc2"]))
     s = decode_stats(t.read(t.entry(1, "fc1", "stats.grad_output")))
     assert s.amax == float(np.abs(np.asarray(d_h)).max())
+
+
+def test_tensor_patterns_select_operand_modules_by_their_parameters(tmp_path):
+    model = torch.nn.Sequential(torch.nn.Linear(2, 3), torch.nn.Linear(3, 1))
+    with TorchCapture(model, tmp_path, operands=True, tensors="1.*") as cap:
+        model(torch.ones(4, 2)).sum().backward()
+        cap.step(0)
+    t = open_trace(tmp_path)
+    assert t.names("input") == ["1"] and t.names("grad_output") == ["1"]
+    assert t.names("grad") == ["1.weight", "1.bias"]
