@@ -136,7 +136,8 @@ class TorchCapture:
             the ``"first"`` one that has any (all the replay reads), or every k-th one (an int).
         operands: False, True (the operand tensors) or ``"stats"`` (their statistics).
         asynchronous: write in a background thread (default) or in :meth:`step`.
-        max_pending: snapshots that may wait for the writer thread (default 2).
+        max_pending: snapshots that may wait for the writer thread (default 2; with the one
+            being written, at most ``max_pending + 1`` copies of a step are in memory).
         first_step: the step number of the loop's first :meth:`step` call (with ``operands``).
     """
 
