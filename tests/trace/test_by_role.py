@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 
 import ml_dtypes
 import numpy as np
 import pytest
 
+from fpsim.analysis.roles import te_view
 from fpsim.cli.app import main
 from fpsim.trace import TorchCapture, open_trace
 
@@ -31,21 +34,21 @@ def capture(tmp_path_factory):
     return path
 
 
-def test_by_role_totals_per_format_and_role(capture, tmp_path, capsys):
-    out = tmp_path / "r"
-    argv = [
-        str(capture),
-        "--format",
-        "float16",
-        "--format",
-        "float8_e5m2",
-        "--no-swamping",
-        "--quiet",
-        "--backend",
-        "numpy",
-    ]
-    assert main(["analyze", *argv, "--by", "role", "--out", str(out), "--json"]) == 0
-    rows = json.loads(capsys.readouterr().out)["by_role"]
+@pytest.fixture(scope="module")
+def analyzed(capture, tmp_path_factory):
+    """One ``fpsim analyze --by role --te delayed --json`` run: (printed JSON, output folder)."""
+    out = tmp_path_factory.mktemp("report")
+    argv = [str(capture), "--format", "float16", "--format", "float8_e5m2", "--no-swamping", "--quiet"]
+    argv += ["--backend", "numpy", "--by", "role", "--te", "delayed", "--out", str(out), "--json"]
+    capture_out = io.StringIO()
+    with contextlib.redirect_stdout(capture_out):
+        assert main(["analyze", *argv]) == 0
+    return json.loads(capture_out.getvalue()), out
+
+
+def test_by_role_totals_per_format_and_role(capture, analyzed):
+    summary, out = analyzed
+    rows = summary["by_role"]
     assert {(r["format"], r["role"]) for r in rows} == {
         (f, role) for f in ("float16", "float8_e5m2") for role in ("grad", "input", "grad_output")
     }
@@ -59,24 +62,8 @@ def test_by_role_totals_per_format_and_role(capture, tmp_path, capsys):
     assert json.loads((out / "by_role.json").read_text()) == rows
 
 
-def test_te_view_delayed_scaling_over_the_recorded_steps(capture, tmp_path, capsys):
-    assert (
-        main(
-            [
-                "analyze",
-                str(capture),
-                "--te",
-                "delayed",
-                "--no-swamping",
-                "--quiet",
-                "--out",
-                str(tmp_path),
-                "--json",
-            ]
-        )
-        == 0
-    )
-    view = json.loads(capsys.readouterr().out)["te_view"]
+def test_te_view_delayed_scaling_over_the_recorded_steps(capture, analyzed):
+    view = analyzed[0]["te_view"]
     assert view["scaling"] == "delayed" and view["every_step"] is True
     trace = open_trace(capture)
     for row in view["roles"]:
@@ -98,28 +85,9 @@ def test_te_view_delayed_scaling_over_the_recorded_steps(capture, tmp_path, caps
     assert {r["role"] for r in view["roles"]} == {"input", "grad_output"}
 
 
-def test_te_view_current_scaling(capture, tmp_path, capsys):
-    assert (
-        main(
-            [
-                "analyze",
-                str(capture),
-                "--te",
-                "current",
-                "--format",
-                "float16",
-                "--no-swamping",
-                "--quiet",
-                "--backend",
-                "numpy",
-                "--out",
-                str(tmp_path),
-                "--json",
-            ]
-        )
-        == 0
-    )
-    view = json.loads(capsys.readouterr().out)["te_view"]
+def test_te_view_current_scaling(capture):
+    view = te_view(capture, "current", backend="numpy").summary()
+    assert view["scaling"] == "current"
     trace = open_trace(capture)
     for row in view["roles"]:
         fmt, fmax = (
