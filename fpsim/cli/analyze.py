@@ -12,7 +12,7 @@ from typing import Any
 
 from ..formats import FORMATS, RECIPES, RoundMode
 from .distributed import add_dask_argument
-from .output import add_backend_argument, emit
+from .output import add_backend_argument, emit, positive_int
 
 __all__ = ["add_parser", "run"]
 
@@ -56,6 +56,24 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         metavar="ROLE",
         help="tensor role to analyse (repeatable; default grad): grad, param, state.exp_avg, ...",
     )
+    a.add_argument(
+        "--by",
+        choices=["role"],
+        help="also print totals per (format, role); without --role every role the trace holds is "
+        "measured (grad, param, state.*, input, grad_output; not the stats.* summaries)",
+    )
+    a.add_argument(
+        "--te",
+        choices=["delayed", "current"],
+        help="also cast the GEMM operands as Transformer Engine's FP8 recipe does (E4M3 for inputs "
+        "and weights, E5M2 for output gradients) with delayed or current per-tensor scaling",
+    )
+    a.add_argument(
+        "--te-history", type=positive_int, default=1024, metavar="N", help="--te delayed: amax history length"
+    )
+    a.add_argument(
+        "--te-margin", type=int, default=0, metavar="M", help="--te delayed: the scale is divided by 2**M"
+    )
     a.add_argument("--out", default="fpsim-report", help="output folder (default: fpsim-report)")
     a.add_argument("--json", action="store_true", help="print the JSON summary instead of the table")
     a.add_argument("--no-swamping", action="store_true", help="skip the swamping estimate")
@@ -72,6 +90,15 @@ def run(args: argparse.Namespace) -> int:
     from ..report.analysis import summary_text, write_report
 
     formats = [*(args.format or []), *(args.recipe or [])] or list(DEFAULT_FORMATS)
+    if args.by == "role" and not args.role:
+        from ..trace import as_trace
+
+        args.role = [r for r in as_trace(args.trace).roles if not r.startswith("stats.")]
+    view = None
+    if args.te:  # first: a trace without operands is refused before the long analysis
+        from ..analysis.roles import te_view
+
+        view = te_view(args.trace, args.te, history_len=args.te_history, margin=args.te_margin)
     if args.dask:
         from .distributed import run_analyze
 
@@ -87,4 +114,15 @@ def run(args: argparse.Namespace) -> int:
             backend=args.backend,
         )
     paths = write_report(result, args.out)
-    return emit(result.summary(), summary_text(result), paths, args.json)
+    summary, text = result.summary(), summary_text(result)
+    if args.by or args.te:
+        from ..report.roles import by_role_rows, by_role_text, te_text, write_role_reports
+
+        if view is not None:
+            summary["te_view"] = view.summary()
+            text += "\n\n" + te_text(view)
+        if args.by:
+            summary["by_role"] = by_role_rows(result)
+            text += "\n\n" + by_role_text(result)
+        paths.update(write_role_reports(args.out, result if args.by else None, view))
+    return emit(summary, text, paths, args.json)

@@ -4,7 +4,10 @@ A trace is the input of every later stage (emulate, metrics, replay, report). It
 sequence of steps; each step holds named tensors in one of three *roles*: ``"grad"``
 (gradients), ``"param"`` (parameter values) and ``"state.<name>"`` (optimizer state, e.g.
 ``"state.exp_avg"``, ``"state.exp_avg_sq"``, ``"state.momentum_buffer"``), plus an optional
-loss and learning rate.
+loss and learning rate. GEMM operands have the roles ``"input"`` (a matmul module's input) and
+``"grad_output"`` (the gradient of its output), named by module (:mod:`fpsim.trace.operands`),
+or ``"stats.input"`` / ``"stats.grad_output"`` for their statistics vectors
+(:mod:`fpsim.trace.operand_stats`).
 
 Trace folder format (version 2)
 -------------------------------
@@ -77,8 +80,12 @@ killing the process with ``SIGBUS``. Every failure of a reader, importer or writ
 never loaded.
 
 :func:`open_trace` also imports folders of ``.pt``/``.npz``/``.safetensors`` files and single
-files (see :mod:`fpsim.trace.importers`). :class:`TorchCapture` and :func:`capture_jax`
-record from training loops; importing this package imports neither torch nor jax.
+files (see :mod:`fpsim.trace.importers`), torch and Hugging Face Trainer checkpoints
+(:func:`open_checkpoint`, :mod:`fpsim.trace.checkpoints`). :class:`TorchCapture` (written
+in a background thread, :mod:`fpsim.trace.capture_async`, on a schedule,
+:mod:`fpsim.trace.schedule`), :class:`TraceCallback` (for the Trainer) and
+:func:`capture_jax` record from training loops; importing this package imports neither torch
+nor jax.
 :func:`as_trace` is what every stage's entry point does with its ``trace`` argument (a
 :class:`Trace` as it is, None for the bundled sample, anything else through
 :func:`open_trace`). :mod:`fpsim.trace.remote` locates tensors and reads flat ranges of them
@@ -95,22 +102,30 @@ Example:
 
 from __future__ import annotations
 
-from .capture import TorchCapture, capture_jax
+from .capture import TorchCapture, capture_jax, jax_operands
+from .checkpoints import open_checkpoint
 from .errors import TraceError
 from .importers import as_trace, open_trace, sample_trace_path
 from .jsonvalues import json_safe
+from .operand_stats import OperandStats, decode_stats
 from .reader import TensorEntry, Trace
+from .trainer import TraceCallback
 from .writer import TraceWriter
 
 __all__ = [
+    "OperandStats",
     "TensorEntry",
+    "TraceCallback",
     "TorchCapture",
     "Trace",
     "TraceError",
     "TraceWriter",
     "as_trace",
     "capture_jax",
+    "decode_stats",
+    "jax_operands",
     "json_safe",
+    "open_checkpoint",
     "open_trace",
     "sample_trace_path",
 ]

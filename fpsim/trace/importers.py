@@ -8,7 +8,9 @@ Accepted inputs of :func:`open_trace`:
   last integer in its name (``grads_step120.pt`` -> 120); a file without one, two files of
   the same step, other files or sub-folders, and a mix of kinds are errors. Hidden files
   (``.name``) are ignored;
-* a single such file: one step, numbered by the last integer in its name, else 0.
+* a single such file: one step, numbered by the last integer in its name, else 0;
+* a torch checkpoint file (``{"model": ..., "optimizer": ...}``) or a Hugging Face Trainer
+  checkpoint folder (it has ``trainer_state.json``): see :mod:`fpsim.trace.checkpoints`.
 
 Keys: ``"role:name"`` (``role`` one of ``grad``, ``param``, ``state.<name>``) keeps its role;
 any other key is a gradient named by the key. In ``.pt`` files nested dicts are flattened:
@@ -51,6 +53,7 @@ from typing import Any
 
 import numpy as np
 
+from . import checkpoints
 from .convert import is_torch_tensor, torch_to_numpy
 from .errors import TraceError
 from .files import file_identity, open_regular, read_exact
@@ -106,10 +109,16 @@ def open_trace(path: str | os.PathLike[str]) -> Trace:
     if p.is_dir():
         if (p / MANIFEST).exists() or (p / MANIFEST).is_symlink():
             return _load_manifest_trace(p)
+        if (p / checkpoints.TRAINER_STATE).exists():
+            return checkpoints.open_checkpoint(p)
         return _open_folder(p)
     kind = _KINDS.get(p.suffix.lower())
     if kind is None:
         raise TraceError(f"{p}: unknown trace file type {p.suffix!r}; expected one of {sorted(_KINDS)}")
+    if kind == "torch":
+        trace = checkpoints.checkpoint_or_none(p)
+        if trace is not None:
+            return trace
     return _build(p, [(p, kind, _name_step(p))], None)
 
 

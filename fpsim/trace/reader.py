@@ -34,6 +34,8 @@ from .steplog import attach_step_log, parse_step_log
 
 __all__ = [
     "MANIFEST",
+    "OPERAND_ROLES",
+    "STATS_ROLES",
     "STEP_LOG",
     "TRACE_VERSION",
     "ManifestStep",
@@ -66,13 +68,24 @@ def step_file_name(step: int) -> str:
     return f"step_{step:06d}.safetensors"
 
 
+OPERAND_ROLES = ("input", "grad_output")
+"""The roles of GEMM operands: a matmul module's input, and the gradient of its output."""
+
+STATS_ROLES = ("stats.input", "stats.grad_output")
+"""Their statistics only (``operands="stats"``, :mod:`fpsim.trace.operand_stats`)."""
+
+
 def check_role(role: Any) -> str:
-    """Return ``role`` if it is ``"grad"``, ``"param"`` or ``"state.<name>"``, else raise ValueError."""
-    if role in ("grad", "param"):
+    """Return ``role`` if it is ``"grad"``, ``"param"``, ``"state.<name>"``, an operand role
+    (:data:`OPERAND_ROLES`) or a statistics role (:data:`STATS_ROLES`), else raise ValueError."""
+    if role in ("grad", "param", *OPERAND_ROLES, *STATS_ROLES):
         return role
     if isinstance(role, str) and role.startswith("state.") and len(role) > 6 and ":" not in role:
         return role
-    raise ValueError(f"role must be 'grad', 'param' or 'state.<name>' (e.g. 'state.exp_avg'), got {role!r}")
+    raise ValueError(
+        "role must be 'grad', 'param' or 'state.<name>' (e.g. 'state.exp_avg'), or an operand role "
+        f"('input', 'grad_output', 'stats.input', 'stats.grad_output'), got {role!r}"
+    )
 
 
 @dataclass(frozen=True)
