@@ -134,7 +134,8 @@ class Analysis:
         tensors = len({(k[1], k[2]) for k in self.results})
         roles = ", ".join(sorted({k[1] for k in self.results})) or "none"
         return (
-            f"Analysis of {self.trace!r}: {_count(steps, 'step')} x {_count(tensors, 'tensor')} (roles {roles}), "
+            f"Analysis of {self.trace!r}: {_count(steps, 'step')} x {_count(tensors, 'tensor')} "
+            f"(roles {roles}), "
             f"{_count(len(self.formats), 'format')} x {_count(len(self.roundings), 'rounding')}"
         )
 
