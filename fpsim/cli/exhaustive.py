@@ -14,7 +14,14 @@ __all__ = ["add_parser", "run"]
 
 
 def _int(text: str) -> int:
-    return int(text, 0)
+    """A float32 bit pattern: an integer in 0..2**32, decimal or 0x hexadecimal."""
+    try:
+        value = int(text, 0)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"takes an integer such as 0x3f800000, got {text!r}") from None
+    if not 0 <= value <= 1 << 32:
+        raise argparse.ArgumentTypeError(f"must lie in 0..2**32, got {text!r}")
+    return value
 
 
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
@@ -24,7 +31,9 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         "exhaustive", help="compare all 2**32 float32 inputs with ml_dtypes (opt-in, ~1 min)"
     )
     e.add_argument("format", choices=names, metavar="FORMAT", help="one of: " + ", ".join(names))
-    e.add_argument("--backend", choices=["numpy", "jax"], default="numpy")
+    e.add_argument(
+        "--backend", choices=["numpy", "jax"], default="numpy", help="fpsim's tier to check (default numpy)"
+    )
     e.add_argument("--start", type=_int, default=0, help="first float32 bit pattern (default 0)")
     e.add_argument("--stop", type=_int, default=1 << 32, help="one past the last pattern (default 2**32)")
     e.add_argument("--quiet", action="store_true", help="no progress bar")
@@ -36,6 +45,8 @@ def run(args: argparse.Namespace) -> int:
     """Compare and print the mismatches; returns the exit status (1 on any mismatch)."""
     from ..analysis.exhaustive import exhaustive_check
 
+    if args.start >= args.stop:
+        raise ValueError(f"--start {args.start:#x} must be below --stop {args.stop:#x}")
     res = exhaustive_check(
         args.format, backend=args.backend, start=args.start, stop=args.stop, progress=not args.quiet
     )

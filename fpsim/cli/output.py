@@ -11,7 +11,15 @@ from typing import Any
 
 from .._compiled import Backend
 
-__all__ = ["add_backend_argument", "emit", "non_negative", "positive_int"]
+__all__ = [
+    "add_backend_argument",
+    "emit",
+    "format_name",
+    "missing_dependency",
+    "non_negative",
+    "non_negative_int",
+    "positive_int",
+]
 
 
 def emit(summary: Mapping[str, Any], text: str, paths: Mapping[str, Any], as_json: bool) -> int:
@@ -62,3 +70,55 @@ def non_negative(text: str) -> float:
     if not math.isfinite(value) or value < 0:
         raise argparse.ArgumentTypeError(f"must be a finite number >= 0, got {text!r}")
     return value
+
+
+def non_negative_int(text: str) -> int:
+    """An argparse type: an integer >= 0 (argparse names the flag in the error)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {text!r}")
+    return value
+
+
+def format_name(text: str) -> str:
+    """An argparse type: the name of an element format or block recipe (:func:`fpsim.get_format`;
+    argparse names the flag in the error, which lists the known names)."""
+    from ..formats import get_format
+
+    try:
+        get_format(text)
+    except ValueError as err:
+        raise argparse.ArgumentTypeError(str(err)) from None
+    return text
+
+
+_EXTRAS = {
+    "torch": "capture",
+    "triton": "kernels",
+    "numba": "fast",
+    "dask": "dask",
+    "distributed": "dask",
+    "fsspec": "dask",
+    "nbclient": "notebooks",
+    "nbformat": "notebooks",
+}
+"""The optional dependency -> the fpsim extra that installs it (pyproject.toml)."""
+
+
+def missing_dependency(err: ImportError, command: str) -> str:
+    """One line saying which optional dependency ``command`` lacks and how to install it.
+
+    ``validate-kernels`` needs the ``kernels`` extra (torch and triton); elsewhere torch is the
+    ``capture`` extra (.pt traces, captures). A message that already says ``pip install`` is
+    kept as it is.
+    """
+    if "pip install" in str(err):
+        return str(err)
+    module = (err.name or "").split(".")[0]
+    extra = "kernels" if command == "validate-kernels" and module in ("torch", "triton") else None
+    extra = extra or _EXTRAS.get(module)
+    how = f'pip install "fpsim[{extra}]"' if extra else f"pip install {module or '<the missing module>'}"
+    return f"needs {module or 'a module'}, which is not installed ({err}): {how}"
