@@ -120,5 +120,5 @@ def missing_dependency(err: ImportError, command: str) -> str:
     module = (err.name or "").split(".")[0]
     extra = "kernels" if command == "validate-kernels" and module in ("torch", "triton") else None
     extra = extra or _EXTRAS.get(module)
-    how = f'pip install "fpsim[{extra}]"' if extra else f"pip install {module or '<the missing module>'}"
+    how = f"pip install 'fpsim[{extra}]'" if extra else f"pip install {module or '<the missing module>'}"
     return f"needs {module or 'a module'}, which is not installed ({err}): {how}"
