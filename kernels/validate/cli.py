@@ -216,6 +216,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = p.parse_args(argv)
     try:
         return run_args(args)
+    except ImportError as err:  # torch or triton missing: the message says how to install them
+        print(f"fpsim validate-kernels: error: {err}", file=sys.stderr)
+        return 2
     except (ValueError, TypeError, OSError) as err:
         print(f"fpsim validate-kernels: error: {err}", file=sys.stderr)
         return 2
