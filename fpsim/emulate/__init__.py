@@ -7,7 +7,8 @@ both, so that neither imports the other's verbs (the data flow of the README's A
 section). Each verb resolves the format (a name, a format object, or a numpy / ml_dtypes / JAX /
 torch dtype, :func:`fpsim.get_format`) and the backend once and hands objects down.
 
-Array types: numpy in, numpy out; JAX in, JAX out (element formats, also under ``jax.jit``);
+Array types: numpy in, numpy out; JAX in, JAX out (element formats also under ``jax.jit``; block
+formats quantize concrete JAX arrays on the host);
 a torch tensor (any device, any dtype including bfloat16 and the float8 types) is read bit for
 bit on the CPU, and the float results of :func:`decode` and :func:`quantize` come back as a
 float32 torch tensor on the input's device (float32, as every fpsim value: exact for every
@@ -63,10 +64,21 @@ def quantize(x: Any, fmt: Any, *, backend: Backend | str = "auto", **kwargs: Any
     fmt, backend = get_format(fmt), Backend.resolve(backend)
     x, like = _host(x)
     if isinstance(fmt, BlockFormat):
+        x, jax_in = _from_jax(x)
         out = blocks.decode_array(blocks.encode_blocks(x, fmt, backend=backend, **kwargs), fmt, backend)
-    else:
-        out = element.decode_array(element.encode(x, fmt, **kwargs), fmt)
-    return _like(out, like)
+        return jax_in.numpy.asarray(out) if jax_in else _like(out, like)
+    return _like(element.decode_array(element.encode(x, fmt, **kwargs), fmt), like)
+
+
+def _from_jax(x: Any) -> tuple[Any, Any]:
+    """(a concrete JAX array as numpy, the jax module) for the block formats, which run on numpy;
+    (x, None) for anything else. Inside ``jax.jit`` a block format is refused."""
+    jax = sys.modules.get("jax")
+    if jax is None or not isinstance(x, jax.Array):
+        return x, None
+    if isinstance(x, jax.core.Tracer):
+        raise TypeError("block formats run on numpy arrays, outside jax.jit (element formats run inside)")
+    return np.asarray(x), jax
 
 
 def _host(x: Any) -> tuple[Any, Any]:

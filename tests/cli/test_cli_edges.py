@@ -123,6 +123,15 @@ def test_dask_without_dask_is_one_line(capsys, tmp_path, monkeypatch):
     assert len(err.splitlines()) == 1 and "pip install 'fpsim[dask]'" in err
 
 
+def test_compiled_backend_without_numba_is_one_line(capsys, tmp_path, monkeypatch):
+    import fpsim._compiled as compiled
+
+    monkeypatch.setattr(compiled, "available", lambda: False)
+    assert main(["analyze", "--backend", "compiled", "--quiet", "--out", str(tmp_path)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "pip install 'fpsim[fast]'" in err
+
+
 def test_validate_kernels_writes_each_row_and_keeps_them_on_ctrl_c(capsys, tmp_path, monkeypatch):
     """Rows are printed and the JSON rewritten as each case completes; Ctrl-C (here on the third
     case) leaves a whole JSON file with the two rows done, ``complete: false``, exit 130."""

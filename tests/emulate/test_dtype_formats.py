@@ -81,6 +81,10 @@ def test_numpy_and_jax_dtypes_and_arrays():
     out = fpsim.quantize(jnp.asarray(x), jnp.bfloat16)
     assert isinstance(out, type(jnp.asarray(x)))
     _same_values(np.asarray(out), x.astype(ml_dtypes.bfloat16).astype(np.float32))
+    g = np.random.default_rng(0).standard_normal((4, 64)).astype(np.float32)
+    blocks = fpsim.quantize(jnp.asarray(g), "mxfp8_e4m3")  # block formats: on the host, JAX back
+    assert isinstance(blocks, type(jnp.asarray(g)))
+    _same_values(np.asarray(blocks), fpsim.quantize(g, "mxfp8_e4m3"))
 
 
 @pytest.mark.parametrize(
