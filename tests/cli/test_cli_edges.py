@@ -172,3 +172,25 @@ def test_console_script_reports_a_missing_file_without_traceback(tmp_path):
     assert (
         run.returncode == 2 and run.stderr.startswith("fpsim diff: error:") and "Traceback" not in run.stderr
     )
+
+
+def test_exhaustive_keeps_the_slices_done_on_ctrl_c(capsys, monkeypatch):
+    import fpsim.analysis.exhaustive as ex
+    import fpsim.cli.exhaustive as cli
+
+    real, calls = ex.exhaustive_check, []
+
+    def third_interrupted(*args, **kwargs):
+        calls.append(kwargs["start"])
+        if len(calls) == 3:
+            raise KeyboardInterrupt
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(cli, "_SLICE", 1 << 12)
+    monkeypatch.setattr(ex, "exhaustive_check", third_interrupted)
+    argv = ["exhaustive", "float8_e4m3fn", "--start", "0x3f800000", "--stop", "0x3f806000", "--quiet"]
+    assert main(argv) == 130
+    assert calls == [0x3F800000, 0x3F801000, 0x3F802000]
+    captured = capsys.readouterr()
+    assert "interrupted: 8192 of 24576 inputs done" in captured.err
+    assert "8192 float32 inputs compared with ml_dtypes, 0 mismatches" in captured.out

@@ -7,15 +7,15 @@ bit, NaN by class.
 
 from __future__ import annotations
 
+import jax.numpy as jnp
 import ml_dtypes
 import numpy as np
 import pytest
+import torch
 from oracles import FLOAT_FORMATS, is_nan_code, ml_dtype_or_none, ml_encode, targeted_points
 
 import fpsim
 from fpsim import Encoding, get_format
-
-torch = pytest.importorskip("torch")
 
 ML_FLOATS = [f for f in FLOAT_FORMATS if ml_dtype_or_none(f) is not None]
 TORCH_FLOATS = [
@@ -72,7 +72,6 @@ def test_torch_tensors_of_narrow_dtypes_are_read_bit_for_bit():
 
 
 def test_numpy_and_jax_dtypes_and_arrays():
-    jnp = pytest.importorskip("jax.numpy")
     assert get_format(np.float16) is get_format("float16")
     assert get_format(np.dtype(ml_dtypes.bfloat16)) is get_format("bfloat16")
     assert get_format(jnp.bfloat16) is get_format("bfloat16")
