@@ -95,30 +95,41 @@ def format_name(text: str) -> str:
     return text
 
 
-_EXTRAS = {
-    "torch": "capture",
-    "triton": "kernels",
-    "numba": "fast",
-    "dask": "dask",
-    "distributed": "dask",
-    "fsspec": "dask",
-    "nbclient": "notebooks",
-    "nbformat": "notebooks",
-}
-"""The optional dependency -> the fpsim extra that installs it (pyproject.toml)."""
-
-
 def missing_dependency(err: ImportError, command: str) -> str:
     """One line saying which optional dependency ``command`` lacks and how to install it.
 
-    ``validate-kernels`` needs the ``kernels`` extra (torch and triton); elsewhere torch is the
-    ``capture`` extra (.pt traces, captures). A message that already says ``pip install`` is
-    kept as it is.
+    The extra to install is the smallest of fpsim's extras (in the installed package's metadata,
+    i.e. pyproject.toml) that has the module: torch is ``capture`` (.pt traces, captures), except
+    for ``validate-kernels``, which needs ``kernels`` (torch and triton). A message that already
+    says ``pip install`` is kept as it is.
     """
     if "pip install" in str(err):
         return str(err)
     module = (err.name or "").split(".")[0]
     extra = "kernels" if command == "validate-kernels" and module in ("torch", "triton") else None
-    extra = extra or _EXTRAS.get(module)
+    extra = extra or _extras().get(module.lower())
     how = f"pip install 'fpsim[{extra}]'" if extra else f"pip install {module or '<the missing module>'}"
     return f"needs {module or 'a module'}, which is not installed ({err}): {how}"
+
+
+def _extras() -> dict[str, str]:
+    """Module name -> the smallest fpsim extra that installs it, from the package metadata
+    (``dask[distributed]`` counts for both dask and distributed); empty when not installed."""
+    import re
+    from importlib.metadata import PackageNotFoundError, requires
+
+    try:
+        reqs = requires("fpsim") or []
+    except PackageNotFoundError:
+        return {}
+    members: dict[str, list[str]] = {}
+    for req in reqs:
+        m = re.fullmatch(r'\s*([A-Za-z0-9_.-]+)(?:\[([^\]]*)\])?[^;]*;\s*extra\s*==\s*"([^"]+)"\s*', req)
+        if m:
+            names = [m[1], *(m[2].split(",") if m[2] else [])]
+            members.setdefault(m[3], []).extend(n.strip().lower().replace("-", "_") for n in names)
+    out: dict[str, str] = {}
+    for extra, names in sorted(members.items(), key=lambda item: len(item[1])):
+        for name in names:
+            out.setdefault(name, extra)
+    return out
