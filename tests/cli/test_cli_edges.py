@@ -4,7 +4,6 @@ in one line, help texts, validate-kernels' incremental output, ``fpsim diff``.""
 from __future__ import annotations
 
 import json
-import subprocess
 import sys
 from importlib.metadata import version
 
@@ -158,20 +157,6 @@ def test_validate_kernels_writes_each_row_and_keeps_them_on_ctrl_c(capsys, tmp_p
     assert report["planned"] > 2
     captured = capsys.readouterr()
     assert "interrupted after 2 of" in captured.err
-
-
-_MAIN = "import sys; from fpsim.cli import main; sys.exit(main())"  # what the console script runs
-
-
-def test_console_script_reports_a_missing_file_without_traceback(tmp_path):
-    run = subprocess.run(
-        [sys.executable, "-c", _MAIN, "diff", str(tmp_path / "a"), str(tmp_path / "b")],
-        capture_output=True,
-        text=True,
-    )
-    assert (
-        run.returncode == 2 and run.stderr.startswith("fpsim diff: error:") and "Traceback" not in run.stderr
-    )
 
 
 def test_exhaustive_keeps_the_slices_done_on_ctrl_c(capsys, monkeypatch):

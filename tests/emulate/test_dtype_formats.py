@@ -12,7 +12,7 @@ import ml_dtypes
 import numpy as np
 import pytest
 import torch
-from oracles import FLOAT_FORMATS, is_nan_code, ml_dtype_or_none, ml_encode, targeted_points
+from oracles import FLOAT_FORMATS, ml_decode, ml_dtype_or_none, ml_encode
 
 import fpsim
 from fpsim import Encoding, get_format
@@ -21,6 +21,16 @@ ML_FLOATS = [f for f in FLOAT_FORMATS if ml_dtype_or_none(f) is not None]
 TORCH_FLOATS = [
     f for f in FLOAT_FORMATS if isinstance(getattr(torch, f.name, None), torch.dtype) and f.signed
 ]
+
+
+def _inputs(fmt, n: int = 2000) -> np.ndarray:
+    """Random float32 values over the format's range and beyond (subnormals, overflow), both
+    signs, and the special values (rounding itself is tested point by point elsewhere)."""
+    rng = np.random.default_rng(sum(fmt.name.encode()))
+    lo, hi = max(fmt.min_subnormal / 4, 1e-45), min(fmt.max * 2, 3e38)
+    mag = np.exp(rng.uniform(np.log(lo), np.log(hi), n)) * rng.choice([-1.0, 1.0], n)
+    special = [0.0, -0.0, np.inf, -np.inf, np.nan, fmt.max, -fmt.max, fmt.min_normal, fmt.min_subnormal]
+    return np.concatenate([mag, special]).astype(np.float32)
 
 
 def _same_values(got: np.ndarray, want: np.ndarray) -> None:
@@ -35,11 +45,11 @@ def _same_values(got: np.ndarray, want: np.ndarray) -> None:
 def test_an_ml_dtypes_type_names_its_format(fmt):
     dt = ml_dtype_or_none(fmt)
     assert get_format(dt.type) is fmt and get_format(dt) is fmt
-    x = targeted_points(fmt, 600)
+    x = _inputs(fmt)
     if fmt.encoding is Encoding.FINITE:  # ml_dtypes' NaN-to-zero sign quirk: tested elsewhere
         x = x[~np.isnan(x)]
     got, want = fpsim.encode(x, dt.type), ml_encode(x, fmt)
-    nan = is_nan_code(got, fmt) & is_nan_code(want, fmt)
+    nan = np.isnan(ml_decode(got, fmt)) & np.isnan(ml_decode(want, fmt))  # NaN by class
     assert np.array_equal(got[~nan], want[~nan])
     assert isinstance(fpsim.quantize(x, dt), np.ndarray)
 
@@ -48,7 +58,7 @@ def test_an_ml_dtypes_type_names_its_format(fmt):
 def test_a_torch_dtype_names_its_format_and_a_tensor_comes_back(fmt):
     dtype = getattr(torch, fmt.name)
     assert get_format(dtype) is fmt
-    x = torch.from_numpy(targeted_points(fmt, 600))
+    x = torch.from_numpy(_inputs(fmt))
     # torch saturates float8_e4m3fn (only); the format is the same, saturate is the caller's
     saturate = fmt.name == "float8_e4m3fn"
     got = fpsim.quantize(x, dtype, saturate=saturate)
@@ -76,10 +86,7 @@ def test_numpy_and_jax_dtypes_and_arrays():
     assert get_format(np.dtype(ml_dtypes.bfloat16)) is get_format("bfloat16")
     assert get_format(jnp.bfloat16) is get_format("bfloat16")
     assert get_format(jnp.float32) is get_format("float32")
-    x = np.linspace(-3, 3, 101, dtype=np.float32)
-    out = fpsim.quantize(jnp.asarray(x), jnp.bfloat16)
-    assert isinstance(out, type(jnp.asarray(x)))
-    _same_values(np.asarray(out), x.astype(ml_dtypes.bfloat16).astype(np.float32))
+    # (element formats on JAX arrays give JAX arrays: tests/emulate/test_jax.py)
     g = np.random.default_rng(0).standard_normal((4, 64)).astype(np.float32)
     blocks = fpsim.quantize(jnp.asarray(g), "mxfp8_e4m3")  # block formats: on the host, JAX back
     assert isinstance(blocks, type(jnp.asarray(g)))
