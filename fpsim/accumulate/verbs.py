@@ -52,6 +52,15 @@ class AccumulationInfo:
         n = int(self.nonzero_adds.sum())
         return int(self.lost.sum()) / n if n else 0.0
 
+    def __repr__(self) -> str:
+        """Totals and shapes, not the per-output arrays."""
+        lost, adds = np.asarray(self.lost), np.asarray(self.nonzero_adds)
+        return (
+            f"AccumulationInfo(outputs={list(lost.shape)}, roundings={self.roundings}, "
+            f"lost={int(lost.sum()):,} of {int(adds.sum()):,} nonzero additions "
+            f"(lost_share={self.lost_share:.4g}))"
+        )
+
 
 # --- the driver -------------------------------------------------------------------------
 

@@ -24,6 +24,7 @@ __all__ = [
     "Analysis",
     "analyze",
     "DEFAULT_FORMATS",
+    "REPR_ROWS",
     "SWAMP_MODES",
     "resolve_formats",
     "select_entries",
@@ -41,6 +42,9 @@ DEFAULT_FORMATS = (
     "int8_block256",
 )
 """What ``fpsim analyze`` measures when given no ``--format``/``--recipe``."""
+
+REPR_ROWS = 12
+"""The most format rows the repr of an :class:`Analysis` shows (the rest as ``...``)."""
 
 SWAMP_MODES = (RoundMode.NEAREST_EVEN, RoundMode.STOCHASTIC)
 """The rounding modes :func:`analyze` measures swamping with, in this order."""
@@ -114,6 +118,67 @@ class Analysis:
         steps = sorted({k[0] for k in self.results})
         tensors = sorted({(k[1], k[2]) for k in self.results})
         return {"trace": self.trace, "steps": len(steps), "tensors": len(tensors), "results": results}
+
+    def summary_table(self):
+        """:meth:`summary` as a pandas DataFrame: one row per format/recipe and rounding, the
+        swamping estimates flattened into columns (``swamping_nearest_even_swamped_share``)."""
+        import pandas as pd
+
+        df = pd.json_normalize(self.summary()["results"], sep="_")
+        for col in df.columns.drop(["format", "rounding"], errors="ignore"):
+            df[col] = pd.to_numeric(df[col])  # json_safe's "inf" / "nan" back to floats
+        return df
+
+    def _headline(self) -> str:
+        steps = len({k[0] for k in self.results})
+        tensors = len({(k[1], k[2]) for k in self.results})
+        roles = ", ".join(sorted({k[1] for k in self.results})) or "none"
+        return (
+            f"Analysis of {self.trace!r}: {_count(steps, 'step')} x {_count(tensors, 'tensor')} "
+            f"(roles {roles}), "
+            f"{_count(len(self.formats), 'format')} x {_count(len(self.roundings), 'rounding')}"
+        )
+
+    def _brief(self):
+        """The columns :meth:`__repr__` and :meth:`_repr_html_` show, with underflow in percent."""
+        df = self.summary_table()
+        if df.empty:
+            return df
+        nonzero = df["nonzero"].where(df["nonzero"] > 0)
+        df["underflow_%"] = 100 * df["underflow"] / nonzero
+        keep = ["format", "rounding", "elements", "underflow_%", "overflow", "saturated"]
+        keep += ["sqnr_db", "rel_l2_error", "swamping_nearest_even_swamped_share"]
+        return df[[c for c in keep if c in df.columns]].rename(
+            columns={"swamping_nearest_even_swamped_share": "swamped (RNE)"}
+        )
+
+    def __repr__(self) -> str:
+        """The headline and the totals per format (at most :data:`REPR_ROWS` rows): a few
+        lines, not the partials (a full analysis holds megabytes of them)."""
+        brief = self._brief()
+        if brief.empty:
+            return self._headline()
+        return (
+            self._headline()
+            + "\n"
+            + brief.to_string(index=False, max_rows=REPR_ROWS, float_format="{:.4g}".format)
+        )
+
+    def _repr_html_(self) -> str:
+        """The headline and the totals per format as an HTML table (Jupyter)."""
+        from html import escape
+
+        brief = self._brief()
+        table = (
+            ""
+            if brief.empty
+            else brief.to_html(index=False, max_rows=REPR_ROWS, float_format="{:.4g}".format)
+        )
+        return f"<p><b>{escape(self._headline())}</b></p>{table}"
+
+
+def _count(n: int, word: str) -> str:
+    return f"{n} {word}" if n == 1 else f"{n} {word}s"
 
 
 def analyze(

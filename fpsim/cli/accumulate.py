@@ -16,6 +16,7 @@ from typing import Any
 
 from ..accumulate.spec import Compensation, Order
 from ..formats import RoundMode
+from .output import format_name, non_negative_int, positive_int
 
 __all__ = ["add_parser", "cmd_accumulate"]
 
@@ -31,7 +32,25 @@ def _ks(text: str) -> tuple[int, ...]:
 
 
 def _acc(text: str) -> int | str:
-    return int(text) if text.isdigit() else text
+    """A format name or a count of significant bits, checked as the accumulator's."""
+    from ..accumulate.spec import accumulator_format
+
+    value: int | str = int(text) if text.isdigit() else text
+    try:
+        accumulator_format(value)
+    except (ValueError, TypeError) as err:
+        raise argparse.ArgumentTypeError(str(err)) from None
+    return value
+
+
+_DESCRIPTION = (
+    "How the error of a low-precision sum or dot product grows with its length K. Three sweeps, "
+    "each printed as a table (one row per setting x K) and written as CSV, JSON and an "
+    "error-vs-K figure into --out: random data (default; the repeatable --accumulator, "
+    "--rounding, --order, --promote-every and --compensated options make the grid of settings), "
+    "--trace PATH (gradient accumulation over a trace's steps) and --deepseek (DeepSeek-V3's FP8 "
+    "GEMMs with a 14-bit accumulator, with and without promotion every 128 products)."
+)
 
 
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
@@ -39,9 +58,20 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     p = subparsers.add_parser(
         "accumulate",
         help="error growth of low-precision sums and dot products with K (swamping, promotion)",
-        description=__doc__.split("\n\n")[0],
+        description=_DESCRIPTION,
     )
-    p.add_argument("--k", type=_ks, default=None, help="comma-separated K values (default 16..16384)")
+    from ..accumulate import sweeps
+
+    def ks(values: tuple[int, ...]) -> str:
+        return ",".join(map(str, values))
+
+    p.add_argument(
+        "--k",
+        type=_ks,
+        default=None,
+        help=f"comma-separated K values (default {ks(sweeps.DEFAULT_K)}; --quick {ks(sweeps.QUICK_K)}; "
+        f"--deepseek {ks(sweeps.DEEPSEEK_K)}, with --quick {ks(sweeps.DEEPSEEK_QUICK_K)})",
+    )
     p.add_argument("--kind", choices=["dot", "sum"], default="dot", help="random data: dot products or sums")
     p.add_argument(
         "--accumulator",
@@ -52,21 +82,78 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         "(default: float32, bfloat16, float16, 14)",
     )
     modes = [m.value for m in RoundMode]
-    p.add_argument("--rounding", action="append", choices=modes, metavar="M", help=", ".join(modes))
+    p.add_argument(
+        "--rounding",
+        action="append",
+        choices=modes,
+        metavar="M",
+        help="the accumulator's rounding mode (repeatable; default nearest_even): " + ", ".join(modes),
+    )
     orders = [o.value for o in Order]
-    p.add_argument("--order", action="append", choices=orders, metavar="O", help=", ".join(orders))
-    p.add_argument("--block", type=int, default=32, help="tree width W for --order blocked (default 32)")
-    p.add_argument("--promote-every", action="append", type=int, metavar="N", help="0 = no promotion")
+    p.add_argument(
+        "--order",
+        action="append",
+        choices=orders,
+        metavar="O",
+        help="order of the additions (repeatable; default sequential): " + ", ".join(orders),
+    )
+    p.add_argument(
+        "--block",
+        type=positive_int,
+        default=32,
+        metavar="W",
+        help="tree width W for --order blocked (default 32)",
+    )
+    p.add_argument(
+        "--promote-every",
+        action="append",
+        type=non_negative_int,
+        metavar="N",
+        help="add the low-precision partial sum into a float32 one every N products (repeatable; "
+        "0 = no promotion, the default)",
+    )
     comps = [c.value for c in Compensation]
-    p.add_argument("--compensated", action="append", choices=comps, metavar="C", help=", ".join(comps))
-    p.add_argument("--input-format", default=None, help="round inputs first (element format or recipe)")
-    p.add_argument("--product-format", default=None, help="round products (default: exact, fused)")
-    p.add_argument("--data", choices=["normal", "uniform"], default="normal")
-    p.add_argument("--outputs", type=int, default=256, help="independent reductions per K (random data)")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--trace", default=None, help="sum the gradient steps of this trace instead")
-    p.add_argument("--deepseek", action="store_true", help="DeepSeek-V3 FP8 GEMM preset (14-bit, promotion)")
-    p.add_argument("--quick", action="store_true", help="small sizes (smoke test)")
+    p.add_argument(
+        "--compensated",
+        action="append",
+        choices=comps,
+        metavar="C",
+        help="compensated summation (repeatable; default none): " + ", ".join(comps),
+    )
+    p.add_argument(
+        "--input-format",
+        type=format_name,
+        default=None,
+        metavar="F",
+        help="round the inputs to this element format or recipe first (random data; default: exact)",
+    )
+    p.add_argument(
+        "--product-format",
+        type=format_name,
+        default=None,
+        metavar="F",
+        help="round each product to this format (random data; default: exact products, a fused multiply-add)",
+    )
+    p.add_argument(
+        "--data", choices=["normal", "uniform"], default="normal", help="random data's distribution"
+    )
+    p.add_argument(
+        "--outputs",
+        type=positive_int,
+        default=256,
+        metavar="N",
+        help="independent reductions per K (random data; default 256, --quick: at most 32)",
+    )
+    p.add_argument("--seed", type=non_negative_int, default=0, help="random data's seed (default 0)")
+    p.add_argument(
+        "--trace", default=None, metavar="PATH", help="sum the gradient steps of this trace instead"
+    )
+    p.add_argument(
+        "--deepseek",
+        action="store_true",
+        help="DeepSeek-V3's FP8 GEMMs: 14-bit accumulator, with and without promotion every 128",
+    )
+    p.add_argument("--quick", action="store_true", help="small sizes (a smoke test)")
     p.add_argument("--out", default="fpsim-accumulate", help="output folder (default: fpsim-accumulate)")
     p.add_argument("--json", action="store_true", help="print the rows as JSON instead of the table")
     p.add_argument("--quiet", action="store_true", help="no progress bar")

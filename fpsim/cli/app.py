@@ -3,8 +3,10 @@
 Each command is a module of this package with an ``add_parser(subparsers)`` that adds it
 (its parser's ``run`` default runs it and returns the exit status): :mod:`.formats`,
 :mod:`.analyze`, :mod:`.replay`, :mod:`.memory`, :mod:`.accumulate`, :mod:`.validate` (``validate-kernels``),
-:mod:`.figures` and :mod:`.exhaustive`. Bad input (ValueError, TypeError, OSError) is
-reported on stderr as one line ``fpsim COMMAND: error: ...`` with exit status 2; a bad trace
+:mod:`.figures`, :mod:`.exhaustive` and :mod:`.diff`. Bad input (ValueError, TypeError, OSError)
+and a missing optional dependency (one line with its ``pip install`` command) are reported on
+stderr as ``fpsim COMMAND: error: ...`` with exit status 2; Ctrl-C ends a command with status 130
+and no traceback (the long commands have written what they finished). A bad trace
 (:class:`~fpsim.trace.TraceError`, a ValueError) is such input.
 """
 
@@ -13,12 +15,13 @@ from __future__ import annotations
 import argparse
 import sys
 
-from . import accumulate, analyze, exhaustive, figures, formats, memory, replay, validate
+from . import accumulate, analyze, diff, exhaustive, figures, formats, memory, replay, validate
 from .formats import format_rows
+from .output import missing_dependency
 
 __all__ = ["build_parser", "format_rows", "main"]
 
-_COMMANDS = (formats, analyze, replay, memory, accumulate, validate, figures, exhaustive)
+_COMMANDS = (formats, analyze, replay, memory, accumulate, validate, figures, exhaustive, diff)
 """The command modules, in the order ``fpsim --help`` lists them."""
 
 
@@ -27,6 +30,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="fpsim", description="See what low-precision number formats do to your tensors."
     )
+    p.add_argument("--version", action="version", version=f"fpsim {_version()}")
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for command in _COMMANDS:
         command.add_parser(sub)
@@ -38,9 +42,27 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return args.run(args)
+    except ImportError as err:  # an optional dependency: say which and how to install it
+        if (err.name or "").startswith("fpsim"):
+            raise  # fpsim's own module: a bug, not a missing dependency
+        print(f"fpsim {args.command}: error: {missing_dependency(err, args.command)}", file=sys.stderr)
+        return 2
     except (ValueError, TypeError, OSError) as err:  # bad input: say what and where, exit 2
         print(f"fpsim {args.command}: error: {str(err).replace(chr(10), ' ')}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:
+        print(f"fpsim {args.command}: interrupted", file=sys.stderr)
+        return 130
+
+
+def _version() -> str:
+    """The installed distribution's version (pyproject.toml's)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("fpsim")
+    except PackageNotFoundError:  # run from a source tree that is not installed
+        return "unknown (not installed)"
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -43,7 +43,12 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         choices=list(PRESETS),
         help="preset configuration (repeatable; default all): " + ", ".join(PRESETS),
     )
-    m.add_argument("--optimizer", default="adamw", choices=["adam", "adamw", "sgd"])
+    m.add_argument(
+        "--optimizer",
+        default="adamw",
+        choices=["adam", "adamw", "sgd"],
+        help="the optimizer, whose states are counted (default adamw)",
+    )
     m.set_defaults(run=run)
     return m
 

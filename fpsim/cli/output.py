@@ -11,7 +11,15 @@ from typing import Any
 
 from .._compiled import Backend
 
-__all__ = ["add_backend_argument", "emit", "non_negative", "positive_int"]
+__all__ = [
+    "add_backend_argument",
+    "emit",
+    "format_name",
+    "missing_dependency",
+    "non_negative",
+    "non_negative_int",
+    "positive_int",
+]
 
 
 def emit(summary: Mapping[str, Any], text: str, paths: Mapping[str, Any], as_json: bool) -> int:
@@ -62,3 +70,66 @@ def non_negative(text: str) -> float:
     if not math.isfinite(value) or value < 0:
         raise argparse.ArgumentTypeError(f"must be a finite number >= 0, got {text!r}")
     return value
+
+
+def non_negative_int(text: str) -> int:
+    """An argparse type: an integer >= 0 (argparse names the flag in the error)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {text!r}")
+    return value
+
+
+def format_name(text: str) -> str:
+    """An argparse type: the name of an element format or block recipe (:func:`fpsim.get_format`;
+    argparse names the flag in the error, which lists the known names)."""
+    from ..formats import get_format
+
+    try:
+        get_format(text)
+    except ValueError as err:
+        raise argparse.ArgumentTypeError(str(err)) from None
+    return text
+
+
+def missing_dependency(err: ImportError, command: str) -> str:
+    """One line saying which optional dependency ``command`` lacks and how to install it.
+
+    The extra to install is the smallest of fpsim's extras (in the installed package's metadata,
+    i.e. pyproject.toml) that has the module: torch is ``capture`` (.pt traces, captures), except
+    for ``validate-kernels``, which needs ``kernels`` (torch and triton). A message that already
+    says ``pip install`` is kept as it is.
+    """
+    if "pip install" in str(err):
+        return str(err)
+    module = (err.name or "").split(".")[0]
+    extra = "kernels" if command == "validate-kernels" and module in ("torch", "triton") else None
+    extra = extra or _extras().get(module.lower())
+    how = f"pip install 'fpsim[{extra}]'" if extra else f"pip install {module or '<the missing module>'}"
+    return f"needs {module or 'a module'}, which is not installed ({err}): {how}"
+
+
+def _extras() -> dict[str, str]:
+    """Module name -> the smallest fpsim extra that installs it, from the package metadata
+    (``dask[distributed]`` counts for both dask and distributed); empty when not installed."""
+    import re
+    from importlib.metadata import PackageNotFoundError, requires
+
+    try:
+        reqs = requires("fpsim") or []
+    except PackageNotFoundError:
+        return {}
+    members: dict[str, list[str]] = {}
+    for req in reqs:
+        m = re.fullmatch(r'\s*([A-Za-z0-9_.-]+)(?:\[([^\]]*)\])?[^;]*;\s*extra\s*==\s*"([^"]+)"\s*', req)
+        if m:
+            names = [m[1], *(m[2].split(",") if m[2] else [])]
+            members.setdefault(m[3], []).extend(n.strip().lower().replace("-", "_") for n in names)
+    out: dict[str, str] = {}
+    for extra, names in sorted(members.items(), key=lambda item: len(item[1])):
+        for name in names:
+            out.setdefault(name, extra)
+    return out

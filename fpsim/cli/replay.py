@@ -11,9 +11,10 @@ Every flag value is checked here, and a bad one is an error that names the flag.
 from __future__ import annotations
 
 import argparse
+import enum
 from typing import Any
 
-from .output import add_backend_argument, emit, non_negative, positive_int
+from .output import add_backend_argument, emit, format_name, non_negative, positive_int
 
 __all__ = ["DEFAULT_CONFIGS", "add_parser", "run"]
 
@@ -36,13 +37,91 @@ def _replay_presets() -> list[str]:
     return list(PRESETS)
 
 
+def preset_lines() -> list[str]:
+    """One line per preset of :data:`fpsim.replay.PRESETS`: its name and the fields in which it
+    differs from the FP32 configuration, read from the preset objects."""
+    from dataclasses import fields
+
+    from ..replay import PRESETS, ReplayConfig
+
+    width = max(map(len, PRESETS))
+    lines = []
+    for name, cfg in PRESETS.items():
+        base = ReplayConfig(name)
+        parts = [
+            f"{f.name}={_shown(getattr(cfg, f.name))}"
+            for f in fields(cfg)
+            if f.name != "name" and getattr(cfg, f.name) != getattr(base, f.name)
+        ]
+        lines.append(f"  {name:<{width}}  {', '.join(parts) or 'float32 everywhere (the reference)'}")
+    return lines
+
+
+def _variant(value: Any) -> str:
+    """For a registered format changed in place (bnb-8bit-cpu's lookup-table codebook): the
+    fields that differ from the registered one, e.g. ``" (element.lut_bins=65536)"``."""
+    from dataclasses import fields, is_dataclass
+
+    from ..formats import get_format
+
+    try:
+        registered = get_format(value.name)
+    except (ValueError, TypeError):
+        return ""
+    if registered == value or not is_dataclass(value):
+        return ""
+
+    def changed(a: Any, b: Any, prefix: str) -> list[str]:
+        out = []
+        for f in fields(a):
+            x, y = getattr(a, f.name), getattr(b, f.name, None)
+            if x == y:
+                continue
+            if is_dataclass(x) and type(x) is type(y):
+                out += changed(x, y, f"{prefix}{f.name}.")
+            elif isinstance(x, (bool, int, float, str)) or x is None:
+                out.append(f"{prefix}{f.name}={x}")
+            else:
+                out.append(f"{prefix}{f.name} changed")
+        return out
+
+    return " (" + ", ".join(changed(value, registered, "")) + ")"
+
+
+def _shown(value: Any) -> str:
+    """A preset's field value in a few characters: a format by its name, an object by its type."""
+    if isinstance(value, tuple):
+        return "(" + ", ".join(_shown(v) for v in value) + ")"
+    if isinstance(value, (bool, int, float, str)):
+        return str(value)
+    if isinstance(value, enum.Enum):
+        return str(value.value)
+    name = getattr(value, "name", None)
+    if isinstance(name, str):
+        return name + _variant(value)
+    element = getattr(value, "element", None)  # DelayedScaling
+    if element is not None:
+        return f"{type(value).__name__}({_shown(element)})"
+    return type(value).__name__
+
+
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     """Add the ``replay`` command to an argparse ``subparsers`` object; returns its parser."""
     r = subparsers.add_parser(
-        "replay", help="replay a trace's gradients through low-precision optimizers vs FP32"
+        "replay",
+        help="replay a trace's gradients through low-precision optimizers vs FP32",
+        description="Replay a trace's gradients through low-precision optimizer configurations "
+        "and compare each with the FP32 replay (--config presets, or a custom configuration built "
+        "from --state, --master, --master-rounding, --kahan, --grad, --loss-scale).",
+        epilog="presets (--config NAME; what each stores differently from FP32):\n"
+        + "\n".join(preset_lines())
+        + f"\n\ndefault: {', '.join(DEFAULT_CONFIGS)}",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     r.add_argument("trace", nargs="?", default=None, help="trace (default: the bundled sample trace)")
-    r.add_argument("--optimizer", default="adamw", choices=["adam", "adamw", "sgd"])
+    r.add_argument(
+        "--optimizer", default="adamw", choices=["adam", "adamw", "sgd"], help="the optimizer (default adamw)"
+    )
     r.add_argument(
         "--weight-decay",
         type=non_negative,
@@ -96,10 +175,19 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     r.add_argument(
         "--state", action="append", metavar="m=F,v=F", help="state formats of a custom configuration"
     )
-    r.add_argument("--master", metavar="F", help="master-weight format of the custom configuration")
-    r.add_argument("--master-rounding", choices=["nearest_even", "stochastic"], default=None)
+    r.add_argument(
+        "--master", type=format_name, metavar="F", help="master-weight format of the custom configuration"
+    )
+    r.add_argument(
+        "--master-rounding",
+        choices=["nearest_even", "stochastic"],
+        default=None,
+        help="rounding of the custom configuration's master weights (default nearest_even)",
+    )
     r.add_argument("--kahan", action="store_true", help="Kahan-compensated master weights")
-    r.add_argument("--grad", metavar="F", help="gradient format or recipe of the custom configuration")
+    r.add_argument(
+        "--grad", type=format_name, metavar="F", help="gradient format or recipe of the custom configuration"
+    )
     r.add_argument(
         "--master-override",
         action="append",
@@ -233,7 +321,7 @@ def _custom_fields(args: argparse.Namespace) -> dict[str, Any]:
             key, sep, fmt = part.partition("=")
             if not sep or key not in _STATE_KEYS:
                 raise ValueError(f"--state takes m=FORMAT,v=FORMAT (or momentum=FORMAT), got {part!r}")
-            custom[key] = fmt
+            custom[key] = _checked("--state", part, **{key: fmt})
     if args.master:
         custom["master"] = args.master
     if args.master_rounding:
@@ -251,12 +339,31 @@ def _custom_fields(args: argparse.Namespace) -> dict[str, Any]:
     if args.loss_scale != "none":
         custom["loss_scaler"] = scalers[args.loss_scale]()
     if args.master_override:
-        custom["master_overrides"] = tuple(_override("--master-override", o) for o in args.master_override)
+        custom["master_overrides"] = tuple(
+            _checked("--master-override", o, master_overrides=(_override("--master-override", o),))[0]
+            for o in args.master_override
+        )
     if args.state_override:
-        custom["state_overrides"] = tuple(_state_override(o) for o in args.state_override)
+        custom["state_overrides"] = tuple(
+            _checked("--state-override", o, state_overrides=(_state_override(o),))[0]
+            for o in args.state_override
+        )
     if args.min_quantized_size is not None:
         custom["min_quantized_size"] = args.min_quantized_size
     return custom
+
+
+def _checked(flag: str, text: str, **fields: Any) -> Any:
+    """The one field value given (as given), after a :class:`~fpsim.replay.ReplayConfig` with it
+    was built: its error, if any, names ``flag`` and ``text``."""
+    from ..replay import ReplayConfig
+
+    try:
+        ReplayConfig("custom", **fields)
+    except (ValueError, TypeError) as err:
+        raise ValueError(f"{flag} {text}: {err}") from None
+    (value,) = fields.values()
+    return value
 
 
 def _override(flag: str, text: str) -> tuple[str, str]:

@@ -66,6 +66,14 @@ class BlockCodes:
     scales: np.ndarray
     tensor_scale: float | None = None
 
+    def __repr__(self) -> str:
+        """Shapes and dtypes, not the arrays: ``BlockCodes(codes=uint8[4, 256], ...)``."""
+        c, s = np.asarray(self.codes), np.asarray(self.scales)
+        return (
+            f"BlockCodes(codes={c.dtype}{list(c.shape)}, scales={s.dtype}{list(s.shape)}, "
+            f"tensor_scale={self.tensor_scale!r})"
+        )
+
 
 def encode_blocks(
     x: Any,

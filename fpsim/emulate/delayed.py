@@ -83,6 +83,12 @@ class DelayedState:
     def scale_inv(self) -> float:
         return float(_F32(1) / _F32(self.scale))
 
+    def __repr__(self) -> str:
+        """The scale and a digest of the history, not the history itself (1024 slots by default)."""
+        h = np.asarray(self.history)
+        amax = f", amax max={float(h.max()):.6g}" if h.size else ""
+        return f"DelayedState(scale={self.scale!r}, history={h.dtype}[{h.size}]{amax})"
+
 
 @dataclass(frozen=True)
 class DelayedScaling:

@@ -24,7 +24,10 @@ from .._compiled import Backend
 from ..trace import json_safe
 from .config import ReplayConfig, memory_table
 
-__all__ = ["ReplayResult", "Stats", "state_stats", "sum_sq", "tensor_stats"]
+__all__ = ["REPR_ROWS", "ReplayResult", "Stats", "state_stats", "sum_sq", "tensor_stats"]
+
+REPR_ROWS = 12
+"""The most configurations the repr of a :class:`ReplayResult` shows (the rest as ``...``)."""
 
 _COUNTS = (
     "n",
@@ -191,6 +194,42 @@ class ReplayResult:
             "trace_skipped_steps": list(self.trace_skipped),
             "results": json_safe(results),
         }
+
+    def summary_table(self):
+        """:meth:`summary`'s ``results`` as a pandas DataFrame: one row per configuration, after
+        the FP32 reference's (non-finite values as floats)."""
+        import pandas as pd
+
+        df = pd.DataFrame(self.summary()["results"])
+        for col in df.columns.drop("config"):
+            df[col] = pd.to_numeric(df[col])  # json_safe's "inf" / "nan" back to floats
+        return df
+
+    def _headline(self) -> str:
+        tensors = len({t for _, t in self.grad_sq}) or len(self.sizes)
+        return (
+            f"ReplayResult of {self.trace!r} ({self.mode}): {len(self.steps)} step(s), {tensors} tensor(s), "
+            f"{sum(self.sizes.values()):,} parameters; {len(self.configs)} configurations vs the FP32 "
+            "reference"
+        )
+
+    def _brief(self):
+        keep = ["config", "final_param_rel_error", "mean_update_cosine", "swamped_share"]
+        keep += ["zero_state_share", "skipped_steps", "bytes_per_param"]
+        return self.summary_table()[keep]
+
+    def __repr__(self) -> str:
+        """The headline and one line per configuration (at most :data:`REPR_ROWS`): a few lines,
+        not the final parameters and per-step statistics it holds."""
+        table = self._brief().to_string(index=False, max_rows=REPR_ROWS, float_format="{:.4g}".format)
+        return f"{self._headline()}\n{table}"
+
+    def _repr_html_(self) -> str:
+        """The headline and one row per configuration as an HTML table (Jupyter)."""
+        from html import escape
+
+        table = self._brief().to_html(index=False, max_rows=REPR_ROWS, float_format="{:.4g}".format)
+        return f"<p><b>{escape(self._headline())}</b></p>{table}"
 
     def _summary_row(self, config: str, bytes_per_param: float) -> dict[str, Any]:
         per_step = self.per_step(config)

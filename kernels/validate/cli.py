@@ -2,6 +2,11 @@
 parser (``fpsim/cli/validate.py``), :func:`main` runs it standalone (``python -m
 fpsim.kernels.validate``), :func:`print_report` prints a :func:`validate_all` report.
 
+The command prints each row of its table as soon as that kernel x format x rounding case is
+done, and with ``--json OUT`` rewrites OUT (atomically: always a whole JSON report) after every
+row, with ``"complete": false`` until the last one; Ctrl-C stops it with exit status 130,
+leaving the table and OUT with the rows done so far.
+
 Importing this module imports neither torch nor triton.
 """
 
@@ -11,13 +16,14 @@ import argparse
 import json
 import os
 import sys
+import time
 from collections.abc import Sequence
 from typing import Any
 
 from fpsim.formats import RoundMode
 
 from .common import Mismatch, torch_module
-from .registry import KERNELS, validate_all
+from .registry import KERNELS, _plan, _row, report_of
 
 _DESCRIPTION = "Bit-exact validation of the Triton kernels against the emulator."
 
@@ -49,8 +55,15 @@ def _arguments(p: argparse.ArgumentParser) -> None:
         "--device", choices=["cpu", "cuda"], default="cpu", help="cpu: Triton's interpreter (default)"
     )
     p.add_argument("--quick", action="store_true", help="fewer inputs per case (minutes on the CPU)")
-    p.add_argument("--json", metavar="OUT", help="also write the report as JSON to OUT")
-    p.add_argument("--format", action="append", metavar="F", help="only this format (repeatable)")
+    p.add_argument(
+        "--json",
+        metavar="OUT",
+        help="also write the report as JSON to OUT (rewritten after every case: an interrupted run "
+        'keeps its rows, with "complete": false)',
+    )
+    p.add_argument(
+        "--format", action="append", metavar="F", help="only this format or block recipe (repeatable)"
+    )
     p.add_argument(
         "--kernel", action="append", metavar="K", help="only this kernel (repeatable): " + ", ".join(KERNELS)
     )
@@ -80,51 +93,93 @@ def _prepare_triton_env(device: str) -> None:
 
 
 def run_args(args: argparse.Namespace) -> int:
-    """Run ``validate-kernels`` for parsed arguments; print the table; return the exit status."""
+    """Run ``validate-kernels`` for parsed arguments, printing each row as it completes (and
+    rewriting ``--json OUT``); returns the exit status (1 on a mismatch or error, 130 when
+    interrupted)."""
+    from tqdm.auto import tqdm
+
     _prepare_triton_env(args.device)
     if args.device == "cuda":
         torch = torch_module()
         if not torch.cuda.is_available():
             print("validate-kernels: error: --device cuda but torch sees no CUDA device", file=sys.stderr)
             return 2
-    report = validate_all(
-        args.device,
-        args.quick,
-        formats=args.format,
-        kernels=args.kernel,
-        roundings=args.rounding,
-        progress=not args.quiet,
-    )
-    print_report(report)
+    plan = _plan(args.format, args.kernel, args.rounding)
+    widths = _widths([(spec.name, fmt.name, mode.value) for spec, fmt, mode in plan])
+    print(_line(_HEADS, widths), flush=True)
+    rows: list[dict[str, Any]] = []
+    t0 = time.perf_counter()
+    complete = False
+    bar = tqdm(plan, disable=args.quiet, desc="validate-kernels", unit="case")
+    try:
+        for spec, fmt, mode in bar:
+            rows.append(_row(spec, fmt, mode, args.quick, args.device))
+            tqdm.write(_line(_cells(rows[-1]), widths), file=sys.stdout)
+            sys.stdout.flush()
+            if args.json:
+                _write_json(args.json, rows, args, time.perf_counter() - t0, len(plan), False)
+        complete = True
+    except KeyboardInterrupt:
+        bar.close()
+        print(f"interrupted after {len(rows)} of {len(plan)} cases", file=sys.stderr)
+    report = report_of(rows, args.device, args.quick, time.perf_counter() - t0)
+    _print_details(report, sys.stdout)
     if args.json:
-        with open(args.json, "w", encoding="utf-8") as fh:
-            json.dump(report, fh, indent=1, default=str)
+        _write_json(args.json, rows, args, report["seconds"], len(plan), complete)
         print(f"wrote {args.json}")
+    if not complete:
+        return 130
     return 1 if report["mismatches"] or report["errors"] else 0
+
+
+def _write_json(
+    path: str, rows: list, args: argparse.Namespace, seconds: float, planned: int, complete: bool
+):
+    """The report of ``rows`` into ``path``, through a temporary file renamed over it, so that the
+    file is a whole JSON document whenever the run stops."""
+    report = report_of(rows, args.device, args.quick, seconds)
+    report.update(planned=planned, complete=complete)
+    tmp = f"{path}.partial"
+    with open(tmp, "w", encoding="utf-8") as fh:
+        json.dump(report, fh, indent=1, default=str)
+    os.replace(tmp, path)
+
+
+_HEADS = ["kernel", "format", "rounding", "compared", "mismatches"]
+
+
+def _cells(r: dict[str, Any]) -> list[str]:
+    status = str(r["mismatches"])
+    if r["skipped"]:
+        status = "skipped"
+    elif r["errors"]:
+        status = f"{r['mismatches']} + {len(r['errors'])} errors"
+    return [r["kernel"], r["format"], r["rounding"], str(r["compared"]), status]
+
+
+def _widths(names: list[tuple[str, str, str]]) -> list[int]:
+    """Column widths from the planned names (the counts get 10 characters, more when needed)."""
+    widths = [max([len(h)] + [len(n[i]) for n in names]) for i, h in enumerate(_HEADS[:3])]
+    return widths + [10, 10]
+
+
+def _line(cells: list[str], widths: list[int]) -> str:
+    return "  ".join(v.ljust(w) if i < 3 else v.rjust(w) for i, (v, w) in enumerate(zip(cells, widths)))
 
 
 def print_report(report: dict[str, Any], file: Any = None) -> None:
     """The table of a :func:`validate_all` report, then the first mismatches with their bits."""
     file = file or sys.stdout
-    heads = ["kernel", "format", "rounding", "compared", "mismatches"]
-    cells = []
-    for r in report["cases"]:
-        status = str(r["mismatches"])
-        if r["skipped"]:
-            status = "skipped"
-        elif r["errors"]:
-            status = f"{r['mismatches']} + {len(r['errors'])} errors"
-        cells.append([r["kernel"], r["format"], r["rounding"], str(r["compared"]), status])
-    widths = [max([len(h)] + [len(c[i]) for c in cells]) for i, h in enumerate(heads)]
-    print(
-        "  ".join(h.ljust(w) if i < 3 else h.rjust(w) for i, (h, w) in enumerate(zip(heads, widths))),
-        file=file,
-    )
+    cells = [_cells(r) for r in report["cases"]]
+    widths = [max([len(h)] + [len(c[i]) for c in cells]) for i, h in enumerate(_HEADS)]
+    print(_line(_HEADS, widths), file=file)
     for c in cells:
-        print(
-            "  ".join(v.ljust(w) if i < 3 else v.rjust(w) for i, (v, w) in enumerate(zip(c, widths))),
-            file=file,
-        )
+        print(_line(c, widths), file=file)
+    _print_details(report, file)
+
+
+def _print_details(report: dict[str, Any], file: Any) -> None:
+    """What follows the table: skip reasons, errors, the first mismatches, the totals."""
     skipped = {r["skipped"] for r in report["cases"] if r["skipped"]}
     for reason in sorted(skipped):
         print(f"skipped: {reason}", file=file)
@@ -161,6 +216,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = p.parse_args(argv)
     try:
         return run_args(args)
+    except ImportError as err:  # torch or triton missing: the message says how to install them
+        print(f"fpsim validate-kernels: error: {err}", file=sys.stderr)
+        return 2
     except (ValueError, TypeError, OSError) as err:
         print(f"fpsim validate-kernels: error: {err}", file=sys.stderr)
         return 2

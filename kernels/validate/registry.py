@@ -163,10 +163,16 @@ def validate_all(
         _row(spec, fmt, mode, quick, device)
         for spec, fmt, mode in tqdm(plan, disable=not progress, desc="validate-kernels", unit="case")
     ]
+    return report_of(rows, device, quick, time.perf_counter() - t0)
+
+
+def report_of(rows: list[dict[str, Any]], device: str, quick: bool, seconds: float) -> dict[str, Any]:
+    """The :func:`validate_all` report of the case rows done so far (``fpsim validate-kernels``
+    writes it after every row, so that an interrupted run keeps its rows)."""
     return {
         "device": device,
         "quick": quick,
-        "seconds": round(time.perf_counter() - t0, 3),
+        "seconds": round(seconds, 3),
         "compared": sum(r["compared"] for r in rows),
         "mismatches": sum(r["mismatches"] for r in rows),
         "errors": sum(len(r["errors"]) for r in rows),

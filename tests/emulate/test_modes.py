@@ -481,5 +481,5 @@ def test_unknown_format_lists_known_names():
         fpsim.encode(np.float32([1.0]), "float8_e4m3x")
     for name in fpsim.FORMATS:
         assert name in str(info.value)
-    with pytest.raises(TypeError, match="format must be a name or a Format"):
+    with pytest.raises(TypeError, match="format must be a name, a dtype or a Format"):
         fpsim.encode(np.float32([1.0]), 8)

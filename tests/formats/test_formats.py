@@ -104,7 +104,7 @@ def test_int_formats_equal_iinfo(fmt):
 def test_get_format_unknown_name_lists_known_names():
     with pytest.raises(ValueError, match="unknown format 'float7'.*float8_e4m3fn.*int4"):
         get_format("float7")
-    with pytest.raises(TypeError, match="format must be a name or a Format"):
+    with pytest.raises(TypeError, match="format must be a name, a dtype or a Format"):
         get_format(3.5)
 
 

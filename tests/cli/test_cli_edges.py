@@ -1,0 +1,181 @@
+"""The command line's edges: --version, flags checked and named, missing optional dependencies
+in one line, help texts, validate-kernels' incremental output, ``fpsim diff``."""
+
+from __future__ import annotations
+
+import json
+import sys
+from importlib.metadata import version
+
+import pytest
+
+from fpsim.cli.app import build_parser, main
+
+
+def test_version(capsys):
+    with pytest.raises(SystemExit) as info:
+        main(["--version"])
+    assert info.value.code == 0
+    assert capsys.readouterr().out.strip() == f"fpsim {version('fpsim')}"
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["accumulate", "--outputs", "0"], "argument --outputs: expected a positive integer, got '0'"),
+        (["accumulate", "--block", "0"], "argument --block: expected a positive integer"),
+        (["accumulate", "--promote-every", "-1"], "argument --promote-every: expected an integer >= 0"),
+        (["accumulate", "--seed", "-1"], "argument --seed: expected an integer >= 0"),
+        (["accumulate", "--accumulator", "float7"], "argument --accumulator: unknown format 'float7'"),
+        (["accumulate", "--accumulator", "99"], "argument --accumulator: accumulator: p must be in [2, 24]"),
+        (["accumulate", "--input-format", "fp9"], "argument --input-format: unknown format 'fp9'"),
+        (["accumulate", "--product-format", "fp9"], "argument --product-format: unknown format 'fp9'"),
+        (["replay", "--master", "fp9"], "argument --master: unknown format 'fp9'"),
+        (["replay", "--grad", "fp9"], "argument --grad: unknown format 'fp9'"),
+        (["replay", "--steps", "5:3"], "argument --steps: takes A:B with 0 <= A <= B, got '5:3'"),
+        (["replay", "--steps", "abc"], "argument --steps: takes A:B or A with integer steps"),
+        (["replay", "--lr", "-1"], "argument --lr: must be a finite number >= 0"),
+        (["exhaustive", "float16", "--start", "x"], "argument --start: takes an integer such as 0x3f800000"),
+        (["exhaustive", "float16", "--stop", "0x100000001"], "argument --stop: must lie in 0..2**32"),
+        (["analyze", "--workers", "0"], "argument --workers: expected a positive integer"),
+    ],
+)
+def test_bad_flag_values_are_usage_errors_naming_the_flag(capsys, argv, message):
+    with pytest.raises(SystemExit) as info:
+        main(argv)
+    assert info.value.code == 2
+    err = capsys.readouterr().err
+    assert "Traceback" not in err and message in err.splitlines()[-1]  # (after argparse's usage)
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["replay", "--state", "m=fp9"], "--state m=fp9: unknown format 'fp9'"),
+        (["replay", "--state-override", "emb*=fp9"], "--state-override emb*=fp9: unknown format 'fp9'"),
+        (["replay", "--master-override", "emb*=fp9"], "--master-override emb*=fp9: unknown format 'fp9'"),
+        (["exhaustive", "float16", "--start", "5", "--stop", "3"], "--start 0x5 must be below --stop 0x3"),
+    ],
+)
+def test_bad_values_found_after_parsing_name_the_flag(capsys, tmp_path, argv, message):
+    assert main([*argv, "--quiet"] if argv[0] == "exhaustive" else [*argv, "--out", str(tmp_path)]) == 2
+    assert message in capsys.readouterr().err
+
+
+def test_every_flag_of_every_command_has_help():
+    parser = build_parser()
+    sub = next(a for a in parser._actions if a.dest == "command")
+    for name, command in sub.choices.items():
+        for action in command._actions:
+            assert action.help, f"fpsim {name} {'/'.join(action.option_strings) or action.dest}: no help"
+        text = command.format_help()
+        assert "``" not in text and ":mod:" not in text, f"fpsim {name} --help shows rst markup"
+
+
+def test_replay_help_says_what_each_preset_is(capsys):
+    from fpsim.replay import PRESETS
+
+    with pytest.raises(SystemExit):
+        main(["replay", "--help"])
+    out = capsys.readouterr().out
+    lines = {
+        ln.split()[0]: ln for ln in out.split("presets (--config NAME")[1].splitlines()[1:] if ln.strip()
+    }
+    assert set(PRESETS) <= set(lines)
+    assert lines["bf16-master"].split()[1:] == ["master=bfloat16"]
+    assert "master_rounding=stochastic" in lines["bf16-master-sr"]
+    assert (
+        "min_quantized_size=4096" in lines["bnb-8bit"] and "min_quantized_size" not in lines["bnb-8bit-all"]
+    )
+    assert "element.lut_bins=65536" in lines["bnb-8bit-cpu"]  # what tells it from bnb-8bit
+
+
+def _without(monkeypatch, *modules):
+    """Make ``import MODULE`` fail as when it is not installed."""
+    for m in modules:
+        for name in [k for k in sys.modules if k == m or k.startswith(m + ".")]:
+            monkeypatch.delitem(sys.modules, name)
+        monkeypatch.setitem(sys.modules, m, None)
+
+
+def test_a_pt_trace_without_torch_is_one_line_with_the_install_command(capsys, tmp_path, monkeypatch):
+    (tmp_path / "step_0.pt").write_bytes(b"not read")
+    _without(monkeypatch, "torch")
+    assert main(["analyze", str(tmp_path / "step_0.pt"), "--quiet", "--out", str(tmp_path / "o")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "Traceback" not in err
+    assert err.startswith("fpsim analyze: error: needs torch") and "pip install 'fpsim[capture]'" in err
+
+
+def test_validate_kernels_without_torch_is_one_line(capsys, tmp_path, monkeypatch):
+    _without(monkeypatch, "torch", "triton")
+    argv = ["validate-kernels", "--quick", "--quiet", "--kernel", "cast.decode", "--format", "bfloat16"]
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "pip install 'fpsim[kernels]'" in err
+
+
+def test_dask_without_dask_is_one_line(capsys, tmp_path, monkeypatch):
+    _without(monkeypatch, "distributed", "dask")
+    assert main(["analyze", "--dask", "local", "--quiet", "--out", str(tmp_path)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "pip install 'fpsim[dask]'" in err
+
+
+def test_compiled_backend_without_numba_is_one_line(capsys, tmp_path, monkeypatch):
+    import fpsim._compiled as compiled
+
+    monkeypatch.setattr(compiled, "available", lambda: False)
+    assert main(["analyze", "--backend", "compiled", "--quiet", "--out", str(tmp_path)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "pip install 'fpsim[fast]'" in err
+
+
+def test_validate_kernels_writes_each_row_and_keeps_them_on_ctrl_c(capsys, tmp_path, monkeypatch):
+    """Rows are printed and the JSON rewritten as each case completes; Ctrl-C (here on the third
+    case) leaves a whole JSON file with the two rows done, ``complete: false``, exit 130."""
+    import fpsim.kernels.validate.cli as vcli
+
+    seen = []
+
+    def fake_row(spec, fmt, mode, quick, device):
+        if len(seen) == 2:
+            raise KeyboardInterrupt
+        if seen:  # the first row is already on stdout and in the file when the second runs
+            assert "cast.encode" in capsys.readouterr().out
+            assert json.loads(out.read_text())["cases"] == seen
+        seen.append({"kernel": spec.name, "format": fmt.name, "rounding": mode.value, "compared": 7})
+        seen[-1].update(mismatches=0, variants=1, skipped=None, errors=[], first=[])
+        return dict(seen[-1])
+
+    monkeypatch.setattr(vcli, "_row", fake_row)
+    out = tmp_path / "report.json"
+    argv = ["validate-kernels", "--quick", "--quiet", "--kernel", "cast.encode", "--json", str(out)]
+    assert main([*argv, "--format", "float8_e4m3fn", "--format", "float16"]) == 130
+    report = json.loads(out.read_text())
+    assert report["complete"] is False and report["cases"] == seen and report["compared"] == 14
+    assert report["planned"] > 2
+    captured = capsys.readouterr()
+    assert "interrupted after 2 of" in captured.err
+
+
+def test_exhaustive_keeps_the_slices_done_on_ctrl_c(capsys, monkeypatch):
+    import fpsim.analysis.exhaustive as ex
+    import fpsim.cli.exhaustive as cli
+
+    real, calls = ex.exhaustive_check, []
+
+    def third_interrupted(*args, **kwargs):
+        calls.append(kwargs["start"])
+        if len(calls) == 3:
+            raise KeyboardInterrupt
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(cli, "_SLICE", 1 << 12)
+    monkeypatch.setattr(ex, "exhaustive_check", third_interrupted)
+    argv = ["exhaustive", "float8_e4m3fn", "--start", "0x3f800000", "--stop", "0x3f806000", "--quiet"]
+    assert main(argv) == 130
+    assert calls == [0x3F800000, 0x3F801000, 0x3F802000]
+    captured = capsys.readouterr()
+    assert "interrupted: 8192 of 24576 inputs done" in captured.err
+    assert "8192 float32 inputs compared with ml_dtypes, 0 mismatches" in captured.out
