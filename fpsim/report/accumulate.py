@@ -44,8 +44,8 @@ _MARK = "<- DeepSeek ~2%"
 def _deepseek_rows(df: pd.DataFrame) -> pd.Series:
     """The rows of DeepSeek-V3's setting: a ``--deepseek`` sweep's per-tensor E4M3 GEMM with a
     14-bit accumulator and no promotion, at K = 4096 (one row per rounding)."""
-    if "kind" not in df or "promote_every" not in df:
-        return df["K"] != df["K"]
+    if not {"kind", "accumulator", "promote_every", "recipe_a"} <= set(df.columns):
+        return df["K"] != df["K"]  # not a --deepseek sweep: no row
     return (
         (df["kind"] == "deepseek")
         & (df["accumulator"] == "14")

@@ -75,7 +75,7 @@ def test_underflow_figure_says_how_the_steps_are_spaced():
 
 
 def test_deepseek_rows_are_marked_and_described():
-    pytest.importorskip("pandas")
+    pd = pytest.importorskip("pandas")
     from fpsim.accumulate.sweeps import deepseek_sweep
     from fpsim.report.accumulate import deepseek_note, table_text
 
@@ -91,6 +91,8 @@ def test_deepseek_rows_are_marked_and_described():
     note = " ".join(deepseek_note(df).split())
     for _, r in rows.iterrows():
         assert f"{r['rel_l2_err']:.2%}" in note
+    other = pd.DataFrame({"setting": ["float16 RNE seq"], "K": [16], "kind": ["dot"], "rel_l2_err": [0.1]})
+    assert "DeepSeek" not in table_text(other) and deepseek_note(other) == ""
     short = deepseek_sweep((128,), m=4, n=4)
     assert "K = 4096 is not in this run" in " ".join(deepseek_note(short).split())
     assert "<- DeepSeek" not in table_text(short)
