@@ -5,8 +5,8 @@ bash blocks command by command through ``fpsim``'s entry point, both in a tempor
 except a block preceded by the line ``<!-- readme-test: skip REASON -->``; a skipped block must
 say why, and the reasons are listed in the test ids. The ``fpsim formats`` table must equal what
 the command prints, the figures it shows must be the ones ``fpsim figures`` writes, the link to
-the trace format specification must point to it, and ``.ci/run`` must run the README's test
-command.
+the trace format specification must point to it, every file it names must exist, and
+``.ci/run`` must run the README's test command.
 """
 
 from __future__ import annotations
@@ -122,3 +122,11 @@ def test_ci_runs_the_readme_test_command():
     ci = (ROOT / ".ci" / "run").read_text()
     assert f"{command} --durations=15" in ci.splitlines()
     assert "ruff check ." in ci.splitlines() and 'python -m pip install "torch==2.13.0"' in ci
+
+
+def test_every_file_the_readme_names_exists():
+    named = set(re.findall(r"`((?:tests|benchmarks|notebooks|fpsim|kernels|figures|\.ci)/[\w./-]+)`", README))
+    named |= set(re.findall(r"\]\(((?:fpsim|figures|notebooks)/[\w./-]+)\)", README))
+    named |= {f"benchmarks/{m}" for m in re.findall(r"`(bench_\w+\.py)`", README)}
+    assert len(named) > 10
+    assert not sorted(p for p in named if not (ROOT / p).exists())

@@ -112,11 +112,13 @@ def error_figure(df: pd.DataFrame, title: str):
     colours = colours_for(labels)
     with style():
         fig, axes = new_figure(1, 2, figsize=(12, 4.8))
-        for label in labels:
+        markers = "os^Dvx"  # lines that coincide stay apart by their markers
+        for i, label in enumerate(labels):
             g = df[df["setting"] == label].sort_values("K")
             for ax, key in zip(axes, keys):
                 y = g[key].where(g[key] > 0)
-                ax.plot(g["K"], y, marker="o", ms=4, lw=1.8, color=colours[label], label=label)
+                style_ = dict(marker=markers[i % len(markers)], ms=5, mfc="none", lw=1.6)
+                ax.plot(g["K"], y, color=colours[label], label=label, **style_)
         for ax, name in zip(axes, names):
             ax.set_xscale("log", base=2)
             ax.set_yscale("log")
