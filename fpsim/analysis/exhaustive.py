@@ -4,7 +4,7 @@
 not saturating) and with ``ml_dtypes``' ``astype``, in chunks, and counts the inputs whose
 codes differ. NaN is compared by class: two NaN codes are equal, and for formats without
 NaN a NaN input that gives a zero of either sign is equal (ml_dtypes flips the NaN's sign
-there, fpsim gives +0). About a minute per format on two cores.
+there, fpsim gives +0). Minutes per format on two cores (README, "How exactness is checked").
 """
 
 from __future__ import annotations

@@ -123,20 +123,19 @@ def _save(fig: Any, path: Path) -> None:
 
 def magnitude_figure(analysis: Analysis):
     """log2-magnitude histogram of all tensors, with each format's range marked."""
-    from .style import new_figure, palette
+    from .style import colour_for, new_figure
 
-    fig, ax = new_figure(figsize=(8, 4))
+    fig, ax = new_figure(figsize=(9, 4.5))
     total = sum(analysis.hist.values(), np.zeros(256, np.int64))
     e = np.arange(256) - 127
     nz = np.nonzero(total)[0]
     lo, hi = (e[nz[0]] - 4, e[nz[-1]] + 4) if nz.size else (-30, 10)
     ax.bar(e, total, width=1.0, color="0.55", label="elements per binade")
-    colors = palette()
-    for i, name in enumerate(analysis.formats):
+    for name in analysis.formats:
         el = _element(name)
         if el is None:
             continue
-        c = colors[i % len(colors)]
+        c = colour_for(name)
         ax.axvline(math.log2(el.min_subnormal), color=c, ls=":", lw=1.2)
         ax.axvline(math.log2(el.min_normal), color=c, ls="--", lw=1.2)
         ax.axvline(math.log2(el.max), color=c, ls="-", lw=1.2, label=f"{name}: min sub / min normal / max")
@@ -146,7 +145,7 @@ def magnitude_figure(analysis: Analysis):
     ax.set_xlabel("log2 |x|")
     ax.set_ylabel("elements")
     ax.set_title("Magnitudes in the trace against each element format's range (unscaled)")
-    ax.legend(fontsize=7, loc="upper left")
+    ax.legend(fontsize=8, loc="upper left")
     return fig
 
 
@@ -157,8 +156,43 @@ def _element(name: str):
     return f if isinstance(f, Format) else None
 
 
+def _runs(steps: list[int]) -> list[tuple[int, int, int]]:
+    """Runs of equally spaced steps: (first index, last index, spacing), in order."""
+    runs: list[tuple[int, int, int]] = []
+    for i in range(1, len(steps)):
+        d = steps[i] - steps[i - 1]
+        if runs and runs[-1][2] == d and runs[-1][1] == i - 1:
+            runs[-1] = (runs[-1][0], i, d)
+        else:
+            runs.append((i - 1, i, d))
+    return runs
+
+
+def _step_ticks(steps: list[int]) -> tuple[list[int], str]:
+    """Column ticks (run ends, and multiples of 50 inside long runs) and a sentence saying how
+    the recorded steps are spaced, so that equal-width columns do not hide uneven spacing."""
+    runs = _runs(steps)
+    marks = {0, len(steps) - 1} | {i for a, b, _ in runs for i in (a, b)}
+    marks |= {i for i, s in enumerate(steps) if s % 50 == 0}
+    ticks: list[int] = []
+    for i in sorted(marks):
+        if not ticks or i - ticks[-1] >= 3 or i == len(steps) - 1:
+            if ticks and i - ticks[-1] < 3:
+                ticks.pop()
+            ticks.append(i)
+    parts = [
+        f"{'each step' if d == 1 else f'every {d}th step'} from {steps[a]} to {steps[b]}" for a, b, d in runs
+    ]
+    return ticks, "columns: recorded steps, " + ", then ".join(parts) if parts else "step"
+
+
 def underflow_figure(analysis: Analysis):
-    """Share of nonzero elements that underflow, per tensor (rows) and step (columns)."""
+    """Share of nonzero elements that underflow, per tensor (rows) and step (columns).
+
+    Columns are the recorded steps, equally wide; where their spacing changes (the bundled
+    trace records every tenth step, then each one) a dashed line marks it and the axis label
+    says it.
+    """
     from .style import new_figure
 
     keys = sorted({(k[1], k[2]) for k in analysis.results})
@@ -168,8 +202,14 @@ def underflow_figure(analysis: Analysis):
     ncol = min(4, len(fmts))
     nrow = math.ceil(len(fmts) / ncol)
     fig, axes = new_figure(
-        nrows=nrow, ncols=ncol, figsize=(3.2 * ncol, 0.25 * len(keys) * nrow + 1.5), squeeze=False
+        nrows=nrow,
+        ncols=ncol,
+        figsize=(3.4 * ncol + 1.5, 0.22 * len(keys) * nrow + 1.8 * nrow),
+        squeeze=False,
+        sharey=True,
     )
+    ticks, spacing = _step_ticks(steps)
+    breaks = [b + 0.5 for _, b, _ in _runs(steps)[:-1]]
     for i, fmt in enumerate(fmts):
         ax = axes[i // ncol][i % ncol]
         grid = np.full((len(keys), len(steps)), np.nan)
@@ -180,11 +220,14 @@ def underflow_figure(analysis: Analysis):
                     grid[r, c] = p.underflow / p.nonzero
         im = ax.imshow(grid, aspect="auto", vmin=0, vmax=1, cmap="magma_r", interpolation="nearest")
         ax.grid(False)
-        ax.set_title(fmt, fontsize=8)
-        ax.set_xticks(range(len(steps)), [str(s) for s in steps], fontsize=5, rotation=90)
-        ax.set_yticks(range(len(keys)), [n if i % ncol == 0 else "" for _, n in keys], fontsize=5)
+        for x in breaks:
+            ax.axvline(x, color="#1f77b4", ls="--", lw=1.2)
+        ax.set_title(fmt, fontsize=10)
+        ax.set_xticks(ticks, [str(steps[t]) for t in ticks], fontsize=8)
+        ax.set_yticks(range(len(keys)), [n for _, n in keys], fontsize=8)
     for j in range(len(fmts), nrow * ncol):
         axes[j // ncol][j % ncol].set_visible(False)
-    fig.colorbar(im, ax=axes, shrink=0.6, label="underflow share")
+    fig.colorbar(im, ax=axes, shrink=0.6, label="share of nonzero elements that underflow")
+    fig.supxlabel(spacing + (" (dashed line: the spacing changes)" if breaks else ""), fontsize=9)
     fig.suptitle(f"Underflow (nonzero -> 0) per tensor and step, {rnd}")
     return fig

@@ -12,13 +12,13 @@ from pathlib import Path
 import numpy as np
 
 from ..formats import FORMATS
-from .style import new_figure, palette, style
+from .style import colour_for, colours_for, new_figure, style
 
 __all__ = ["make_figures", "spacing_figure", "FIGURES"]
 
-SPACING_FORMATS = (
-    "float32",
-    "bfloat16",
+SPACING_WIDE = ("float32", "bfloat16", "float16")
+"""The formats of the spacing figure's left panel (the whole float32 range)."""
+SPACING_NARROW = (
     "float16",
     "float8_e5m2",
     "float8_e4m3fn",
@@ -26,16 +26,11 @@ SPACING_FORMATS = (
     "float6_e2m3fn",
     "float4_e2m1fn",
 )
+"""The formats of its right panel, zoomed on the binades 2**-26 to 2**17 (float16 for scale)."""
 
 
-def spacing_figure():
-    """Relative spacing ``ulp(x) / x`` at ``x = 2**e`` for every binade each format covers.
-
-    Flat at ``2**-mantissa_bits`` over the normal range, rising to 1 through the subnormals:
-    range and precision in one picture. Drawn from the Format fields alone.
-    """
-    fig, ax = new_figure(figsize=(8, 4.2))
-    for i, name in enumerate(SPACING_FORMATS):
+def _spacing(ax, names: tuple[str, ...]) -> None:
+    for name in names:
         fmt = FORMATS[name]
         m, emin = fmt.mantissa_bits, fmt.min_exponent
         low = emin - (m if fmt.subnormals else 0)
@@ -45,16 +40,34 @@ def spacing_figure():
             np.append(e, e[-1] + 1),
             np.append(rel, rel[-1]),
             where="post",
-            lw=1.6,
-            color=palette()[i % len(palette())],
+            lw=2,
+            color=colour_for(name),
             label=f"{name} ({fmt.bits} bits)",
         )
     ax.set_yscale("log", base=2)
-    ax.set_xlabel("log2 |x|")
-    ax.set_ylabel("relative spacing ulp(x) / x at x = 2**e")
-    ax.set_title("Range and precision: where each format has values, and how far apart")
-    ax.set_xlim(-152, 132)
-    ax.legend(fontsize=7, ncol=2, loc="center", bbox_to_anchor=(0.6, 0.45))
+    ax.set_xlabel("binade e (values 2^e <= |x| < 2^(e+1))")
+
+
+def spacing_figure():
+    """Relative spacing ``ulp(x) / x`` at ``x = 2**e`` for every binade each format covers.
+
+    Flat at ``2**-mantissa_bits`` over the normal range, rising to 1 through the subnormals:
+    range and precision in one picture. Left: float32, bfloat16 and float16 over float32's whole
+    range; right: float16 and the 8-, 6- and 4-bit formats, zoomed on their few binades. Drawn
+    from the Format fields alone.
+    """
+    fig, (wide, narrow) = new_figure(1, 2, figsize=(11, 4.4), width_ratios=(1.2, 1))
+    _spacing(wide, SPACING_WIDE)
+    wide.set_xlim(-152, 132)
+    wide.set_ylabel("relative spacing ulp(x) / |x|")
+    wide.set_title("16- and 32-bit formats: the whole float32 range")
+    wide.legend(loc="upper right")
+    _spacing(narrow, SPACING_NARROW)
+    narrow.set_xlim(-26, 17)
+    narrow.set_ylim(2.0**-11, 2.0**0.5)
+    narrow.set_title("8-, 6- and 4-bit formats (zoomed; float16 for scale)")
+    narrow.legend(loc="center right", ncol=2, fontsize=8)
+    fig.suptitle("Range and precision: where each format has values, and how far apart they are")
     return fig
 
 
@@ -86,21 +99,33 @@ def _replay_figure(out: Path) -> Path:
         progress=False,
     )
     fig, ax = new_figure(figsize=(7, 4))
-    for i, cfg in enumerate(res.configs):
+    colours = colours_for(c.name for c in res.configs)
+    for cfg in res.configs:
         per = res.per_step(cfg.name)
         ax.plot(
             [r["step"] for r in per],
             [max(r["param_rel_error"], 1e-12) for r in per],
             marker=".",
-            color=palette()[i % len(palette())],
+            color=colours[cfg.name],
             label=cfg.name,
         )
     ax.set_yscale("log")
     ax.set_xlabel("step")
     ax.set_ylabel("||p - p_fp32|| / ||p_fp32||")
     ax.set_title("Replay of the sample trace (updates 190-200): drift from the FP32 run (Adam)")
-    ax.legend(fontsize=7)
+    ax.legend(fontsize=9)
     path = out / "replay_divergence.png"
+    _save(fig, path)
+    return path
+
+
+def _accumulate_figure(out: Path) -> Path:
+    from ..accumulate.sweeps import deepseek_sweep
+    from .accumulate import error_figure
+
+    df = deepseek_sweep(m=64, n=64, data="normal", seed=0)  # fpsim accumulate --deepseek
+    fig = error_figure(df, "DeepSeek-V3 FP8 GEMM (64 x K x 64, normal data): accumulation error vs K")
+    path = out / "accumulate_deepseek.png"
     _save(fig, path)
     return path
 
@@ -109,7 +134,13 @@ def _save(fig, path: Path) -> None:
     fig.savefig(path, dpi=110, metadata={"Software": None})
 
 
-FIGURES = ("formats_spacing.png", "trace_magnitudes.png", "trace_underflow.png", "replay_divergence.png")
+FIGURES = (
+    "formats_spacing.png",
+    "trace_magnitudes.png",
+    "trace_underflow.png",
+    "replay_divergence.png",
+    "accumulate_deepseek.png",
+)
 """The files :func:`make_figures` writes."""
 
 
@@ -122,4 +153,5 @@ def make_figures(out: str | Path = "figures") -> list[Path]:
         _save(spacing_figure(), paths[0])
         paths += _analysis_figures(out)
         paths.append(_replay_figure(out))
+        paths.append(_accumulate_figure(out))
     return paths

@@ -8,7 +8,7 @@ from typing import Any
 
 from ..replay import ReplayResult, memory_table
 
-__all__ = ["replay_text", "write_replay_report"]
+__all__ = ["divergence_figure", "replay_text", "write_replay_report"]
 
 _COLS = [
     ("config", "config", "{}"),
@@ -35,11 +35,39 @@ def replay_text(result: ReplayResult) -> str:
     return head + "\n" + text_table([h for _, h, _ in _COLS], rows)
 
 
+def divergence_figure(result: ReplayResult, title: str | None = None):
+    """Per configuration and step: the parameters' relative distance from the FP32 replay (log
+    scale) and the cosine of the update with the FP32 update; each configuration in its colour
+    (:func:`~fpsim.report.style.colour_for`). Call inside :func:`~fpsim.report.style.style`."""
+    from .style import colours_for, new_figure
+
+    fig, (a, b) = new_figure(1, 2, figsize=(11, 4))
+    colours = colours_for(cfg.name for cfg in result.configs)
+    for cfg in result.configs:
+        per = result.per_step(cfg.name)
+        steps = [r["step"] for r in per]
+        c = colours[cfg.name]
+        a.plot(steps, [max(r["param_rel_error"], 1e-12) for r in per], marker=".", color=c, label=cfg.name)
+        b.plot(steps, [r["update_cosine"] for r in per], marker=".", color=c, label=cfg.name)
+    a.set_yscale("log")
+    a.set_xlabel("step")
+    a.set_ylabel("||p - p_fp32|| / ||p_fp32||")
+    a.set_title("Parameter divergence from the FP32 replay")
+    b.set_xlabel("step")
+    b.set_ylabel("cosine(update, FP32 update)")
+    b.set_title("Update direction")
+    handles, labels = a.get_legend_handles_labels()
+    fig.legend(handles, labels, loc="outside right upper", fontsize=9)
+    if title:
+        fig.suptitle(title)
+    return fig
+
+
 def write_replay_report(result: ReplayResult, out: str | Path) -> dict[str, Path]:
     """replay.csv (tidy per step x tensor x config), summary.json, memory.csv, report.md, curves."""
     import pandas as pd
 
-    from .style import new_figure, palette, style
+    from .style import style
 
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
@@ -56,24 +84,7 @@ def write_replay_report(result: ReplayResult, out: str | Path) -> dict[str, Path
     mem = pd.DataFrame(memory_table(result.configs, result.sizes))
     mem.to_csv(paths["memory"], index=False)
     with style():
-        fig, (a, b) = new_figure(1, 2, figsize=(10, 3.8))
-        for i, cfg in enumerate(result.configs):
-            per = result.per_step(cfg.name)
-            steps = [r["step"] for r in per]
-            c = palette()[i % len(palette())]
-            a.plot(
-                steps, [max(r["param_rel_error"], 1e-12) for r in per], marker=".", color=c, label=cfg.name
-            )
-            b.plot(steps, [r["update_cosine"] for r in per], marker=".", color=c, label=cfg.name)
-        a.set_yscale("log")
-        a.set_xlabel("step")
-        a.set_ylabel("||p - p_fp32|| / ||p_fp32||")
-        a.set_title("Parameter divergence from the FP32 replay")
-        b.set_xlabel("step")
-        b.set_ylabel("cosine(update, FP32 update)")
-        b.set_title("Update direction")
-        b.legend(fontsize=7)
-        fig.savefig(paths["figure"])
+        divergence_figure(result).savefig(paths["figure"])
     heads = [h for _, h, _ in _COLS]
     lines = [
         "# fpsim replay",
@@ -88,7 +99,7 @@ def write_replay_report(result: ReplayResult, out: str | Path) -> dict[str, Path
         "",
         "## Memory (bytes per parameter)",
         "",
-        mem.to_markdown(index=False) if _has_tabulate() else mem.to_string(index=False),
+        _memory_markdown(mem),
         "",
         "## Divergence",
         "",
@@ -99,9 +110,11 @@ def write_replay_report(result: ReplayResult, out: str | Path) -> dict[str, Path
     return paths
 
 
-def _has_tabulate() -> bool:
-    try:
-        import tabulate  # noqa: F401
-    except ImportError:
-        return False
-    return True
+def _memory_markdown(mem) -> str:
+    """The memory table (one row per configuration) as a Markdown table: numbers to 3 decimals."""
+    from .style import markdown_table
+
+    def cell(v: Any) -> str:
+        return f"{v:.3f}" if isinstance(v, float) else str(v)
+
+    return markdown_table(list(mem.columns), [[cell(v) for v in row] for row in mem.itertuples(index=False)])
