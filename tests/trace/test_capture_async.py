@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import os
 import random
 import signal
@@ -147,4 +146,4 @@ def test_capture_step_raises_the_writer_error(tmp_path, monkeypatch):
     assert isinstance(info.value.__cause__, OSError)
     with pytest.raises(RuntimeError, match="writing step 0"):
         cap.close()
-    assert json.loads((tmp_path / "t" / "manifest.json").read_text())["steps"] == []
+    assert open_trace(tmp_path / "t").steps == []
