@@ -2,9 +2,9 @@
 
 Each command is a module of this package with an ``add_parser(subparsers)`` that adds it
 (its parser's ``run`` default runs it and returns the exit status): :mod:`.formats`,
-:mod:`.analyze`, :mod:`.replay`, :mod:`.memory`, :mod:`.accumulate`, :mod:`.validate` (``validate-kernels``),
-:mod:`.figures` and :mod:`.exhaustive`. Bad input (ValueError, TypeError, OSError) is
-reported on stderr as ``fpsim COMMAND: error: ...`` with exit status 2.
+:mod:`.analyze`, :mod:`.replay`, :mod:`.memory`, :mod:`.ab`, :mod:`.accumulate`,
+:mod:`.validate` (``validate-kernels``), :mod:`.figures` and :mod:`.exhaustive`. Bad input
+(ValueError, TypeError, OSError) is reported on stderr as ``fpsim COMMAND: error: ...`` with exit status 2.
 """
 
 from __future__ import annotations
@@ -12,12 +12,12 @@ from __future__ import annotations
 import argparse
 import sys
 
-from . import accumulate, analyze, exhaustive, figures, formats, memory, replay, validate
+from . import ab, accumulate, analyze, exhaustive, figures, formats, memory, replay, validate
 from .formats import format_rows
 
 __all__ = ["build_parser", "format_rows", "main"]
 
-_COMMANDS = (formats, analyze, replay, memory, accumulate, validate, figures, exhaustive)
+_COMMANDS = (formats, analyze, replay, memory, ab, accumulate, validate, figures, exhaustive)
 """The command modules, in the order ``fpsim --help`` lists them."""
 
 

@@ -1,0 +1,71 @@
+"""Printing and files for ``fpsim ab``: the summary table, ``ab.csv`` and ``ab.png``."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+__all__ = ["ab_text", "plot_ab", "write_ab_report"]
+
+REFERENCE = "fp32"
+"""The configuration drawn highlighted (black, thicker), where it was run."""
+
+
+def ab_text(summary: dict[str, Any]) -> str:
+    """The table of :meth:`fpsim.train.ab.ABResult.summary`: final and best loss, first
+    non-finite step, bytes of optimizer state per parameter."""
+    from .style import text_table
+
+    def loss(v: Any) -> str:
+        return "-" if v is None else f"{v:.4g}"
+
+    rows = [
+        [
+            r["config"],
+            loss(r["final_loss"]),
+            loss(r["best_loss"]),
+            "-" if r["first_nonfinite_step"] is None else str(r["first_nonfinite_step"]),
+            f"{r['state_bytes_per_param']:.3f}",
+        ]
+        for r in summary["results"]
+    ]
+    heads = ["config", "final loss", "best loss", "first non-finite step", "state bytes/param"]
+    return f"{summary['parameters']:,} parameters\n" + text_table(heads, rows)
+
+
+def plot_ab(frame: Any, title: str = "") -> Any:
+    """Loss curves from a DataFrame with columns ``step``, ``config``, ``loss``: one colour per
+    configuration, ``fp32`` black and thicker; a run that stopped at a non-finite loss ends
+    with an ``x`` at its last finite point. Returns the matplotlib Figure."""
+    import numpy as np
+
+    from .style import new_figure, palette, style
+
+    with style():
+        fig, ax = new_figure(figsize=(6.5, 4))
+        colours = iter(palette() * 4)
+        for config, part in frame.groupby("config", sort=False):
+            steps, loss = part["step"].to_numpy(), part["loss"].to_numpy(float)
+            ref = config == REFERENCE
+            kw = {"color": "black", "lw": 2.2, "zorder": 3} if ref else {"color": next(colours), "lw": 1.2}
+            ok = np.isfinite(loss)
+            (line,) = ax.plot(steps[ok], loss[ok], label=config, **kw)
+            if not ok.all() and ok.any():
+                last = np.flatnonzero(ok)[-1]
+                ax.plot(steps[last], loss[last], "x", color=line.get_color(), ms=8)
+        ax.set_yscale("log")
+        ax.set_xlabel("step")
+        ax.set_ylabel("training loss (batch)")
+        ax.set_title(title or "A/B: the same model, start and batches under each configuration")
+        ax.legend()
+    return fig
+
+
+def write_ab_report(frame: Any, out: str | Path, title: str = "") -> dict[str, Path]:
+    """Write ``ab.csv`` (step, config, loss) and ``ab.png`` into folder ``out`` (created)."""
+    folder = Path(out)
+    folder.mkdir(parents=True, exist_ok=True)
+    paths = {"csv": folder / "ab.csv", "png": folder / "ab.png"}
+    frame.to_csv(paths["csv"], index=False)
+    plot_ab(frame, title).savefig(paths["png"])
+    return paths
