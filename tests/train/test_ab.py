@@ -42,7 +42,7 @@ def test_run_ab_matches_a_hand_written_loop():
     losses = []
     for x, y in batches:
         loss = torch.nn.functional.cross_entropy(model(x), y)
-        losses.append(float(loss))
+        losses.append(float(loss.detach()))
         opt.zero_grad()
         loss.backward()
         opt.step()
