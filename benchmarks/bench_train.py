@@ -130,13 +130,15 @@ def main() -> None:
     print(f"closed loop, digits MLP, {args.steps} steps (same start and batches):")
     for r in rows:
         print(
-            f"  {r['library']:22s} vs fpsim {r['fpsim config']:13s}: max |loss diff| {r['max |loss diff|']:.3g}, "
+            f"  {r['library']:22s} vs fpsim {r['fpsim config']:13s}: "
+            f"max |loss diff| {r['max |loss diff|']:.3g}, "
             f"final loss {r['final loss library']:.4f} vs {r['final loss fpsim']:.4f} ({r['steps']} steps)"
         )
     times, memory = step_times(args.params, args.repeats)
     base = times["torch.optim.AdamW"]
     print(
-        f"\noptimizer.step() on {args.params:,} parameters (4 tensors), best of {args.repeats}, 1 torch thread:"
+        f"\noptimizer.step() on {args.params:,} parameters (4 tensors), "
+        f"best of {args.repeats}, 1 torch thread:"
     )
     for k, t in times.items():
         print(f"  {k:20s} {t * 1e3:8.1f} ms  {t / base:5.2f}x torch   state {memory[k]:.3f} bytes/param")
