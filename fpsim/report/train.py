@@ -35,25 +35,32 @@ def ab_text(summary: dict[str, Any]) -> str:
 
 def plot_ab(frame: Any, title: str = "") -> Any:
     """Loss curves from a DataFrame with columns ``step``, ``config``, ``loss``: one colour per
-    configuration, ``fp32`` black and thicker; a run that stopped at a non-finite loss ends
-    with an ``x`` at its last finite point. Returns the matplotlib Figure."""
+    configuration, ``fp32`` black and thicker. The loss axis (log) ends at three times the
+    largest first-step loss; a run that leaves it is drawn up to there and its legend entry says
+    from which step it is off scale, and, where its loss became non-finite, at which step.
+    Returns the matplotlib Figure."""
     import numpy as np
 
     from .style import new_figure, palette, style
 
+    first = frame.sort_values("step").groupby("config", sort=False)["loss"].first()
+    top = 3 * float(np.nanmax(first.to_numpy(float))) if len(first) else 1.0
     with style():
         fig, ax = new_figure(figsize=(6.5, 4))
         colours = iter(palette() * 4)
         for config, part in frame.groupby("config", sort=False):
             steps, loss = part["step"].to_numpy(), part["loss"].to_numpy(float)
             ref = config == REFERENCE
-            kw = {"color": "black", "lw": 2.2, "zorder": 3} if ref else {"color": next(colours), "lw": 1.2}
+            kw = {"color": "black", "lw": 2.2, "zorder": 3} if ref else {"color": next(colours), "lw": 1.3}
             ok = np.isfinite(loss)
-            (line,) = ax.plot(steps[ok], loss[ok], label=config, **kw)
-            if not ok.all() and ok.any():
-                last = np.flatnonzero(ok)[-1]
-                ax.plot(steps[last], loss[last], "x", color=line.get_color(), ms=8)
+            label = str(config)
+            off = np.flatnonzero(~ok | (loss > top))
+            if off.size:
+                label += f" (off scale from step {steps[off[0]]}"
+                label += f", non-finite at {steps[~ok][0]})" if not ok.all() else ")"
+            ax.plot(steps[ok], np.minimum(loss[ok], top * 1.5), label=label, **kw)
         ax.set_yscale("log")
+        ax.set_ylim(top=top)
         ax.set_xlabel("step")
         ax.set_ylabel("training loss (batch)")
         ax.set_title(title or "A/B: the same model, start and batches under each configuration")
