@@ -97,9 +97,7 @@ class _Emulated(torch.optim.Optimizer):
             if not state:
                 self._init(state, name, p, rule)
             t = int(state["step"]) + 1
-            if p.is_cuda and self._cuda_step(state, name, p, rule, lr, t):
-                pass
-            else:
+            if not (p.is_cuda and self._cuda_step(state, name, p, rule, lr, t)):
                 self._cpu_step(state, name, p, rule, lr, t, stats)
             state["step"] = torch.tensor(float(t))
         self.last_stats = stats
@@ -154,8 +152,19 @@ class _Emulated(torch.optim.Optimizer):
         kept = {pid: dict(s) for pid, s in state_dict["state"].items()}
         stripped = {pid: {"step": s["step"]} for pid, s in kept.items() if "step" in s}
         super().load_state_dict({"state": stripped, "param_groups": state_dict["param_groups"]})
+        names = {id(p): (group, name) for group, name, p in self._names()}
         for pid, p in zip(saved, mine):
             if pid in kept:
+                group, name = names[id(p)]
+                _, packed, comp = init_tensor(
+                    self.config, self._rule(group), name, np.zeros(p.shape, np.float32), Backend.NUMPY
+                )
+                want = {"step", *packed, *(["kahan_comp"] if comp is not None else [])}
+                if set(kept[pid]) != want:
+                    raise ValueError(
+                        f"load_state_dict: {name} has state {sorted(kept[pid])}, config {self.config.name!r} "
+                        f"stores {sorted(want)}: load a state saved under the same config"
+                    )
                 for k, v in kept[pid].items():
                     if k != "step":
                         self.state[p][k] = v.detach().clone().to(p.device)
@@ -241,7 +250,8 @@ class Adam(_Adam):
 
 class SGD(_Emulated):
     """``torch.optim.SGD`` (momentum, nesterov, L2 weight decay; dampening 0) with emulated
-    storage of the momentum buffer (:class:`fpsim.replay.optim.SGD`); as :class:`AdamW`.
+    storage of the momentum buffer (:class:`fpsim.replay.optim.SGD`, which keeps the buffer
+    also with momentum 0); as :class:`AdamW`.
 
     Raises:
         ValueError: as :class:`AdamW`; ``dampening`` other than 0, ``maximize``, or nesterov

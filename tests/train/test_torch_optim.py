@@ -210,6 +210,19 @@ def test_state_dict_resume_equals_uninterrupted(config):
     assert all(_same(a, b.detach()) for a, b in zip(whole, m3.parameters()))
 
 
+def test_load_state_dict_refuses_another_configs_state():
+    m = _model()
+    opt = ftorch.AdamW(m.parameters(), lr=1e-2)
+    _loop(m, opt, 1)
+    other = ftorch.AdamW(m.parameters(), lr=1e-2, config="int8-states")
+    with pytest.raises(ValueError, match="stores .*exp_avg.codes"):
+        other.load_state_dict(opt.state_dict())
+    torch_opt = torch.optim.AdamW(m.parameters(), lr=1e-2)
+    _loop(m, torch_opt, 1)
+    opt.load_state_dict(torch_opt.state_dict())  # torch's own FP32 state is fp32's layout
+    assert _same(opt.state[m[0].weight]["exp_avg"], torch_opt.state[m[0].weight]["exp_avg"])
+
+
 def test_states_are_stored_as_codes():
     m = _model()
     opt = ftorch.AdamW(m.parameters(), lr=1e-2, config="int8-states")
