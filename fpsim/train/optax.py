@@ -8,19 +8,19 @@ The update rule is optax's, in its order of float32 operations (:class:`OptaxAda
 formats. The state is :class:`FpsimState`: optax's ``count`` and, per leaf, the packed states
 (uint8 codes and uint32 scale bits for block recipes, float32 for FP32 states), so the memory a
 format saves is saved. ``mu_dtype`` is float32 only (store the moments with ``config=``).
-``xla=True`` gives the bits of optax under ``jax.jit`` on the CPU (XLA fuses the arithmetic,
-:class:`OptaxAdam`); ``xla=False`` those of optax run op by op (eagerly).
+``xla=False`` follows optax run op by op (eagerly); ``xla=True`` optax's moments under
+``jax.jit`` on the CPU (XLA fuses the arithmetic, :class:`OptaxAdam`).
 
 The rules return optax's updates (``-lr * u``) where the replay's rules return the new
 parameter: the parameters are the caller's, ``optax.apply_updates`` adds the updates, and the
 tensor-step's master copy (FP32 only: a low-precision master is refused) passes them through
 unrounded. Bits: with ``xla=False`` the parameters, ``mu`` and ``nu`` equal optax's run op by op
-(not jitted); with ``xla=True`` and the loop under ``jax.jit``, ``mu`` and ``nu`` equal jitted
-optax's, and the parameters differ where XLA fuses ``params + (-lr) * u`` into one fma across
-``apply_updates`` (fpsim's update is rounded before it is added): at most one rounding of that
-addition, on some elements. ``update`` is jit-able: the step runs
-on the host through ``jax.pure_callback``. tests/train compares ``adamw(config="fp32")`` with
-``optax.adamw`` bit for bit.
+(not jitted); with ``xla=True`` under ``jax.jit``, ``mu`` and ``nu`` equal jitted optax's for
+the same gradients, and the parameters differ where XLA fuses ``params + (-lr) * u`` into one
+fma across ``apply_updates`` (fpsim's update is rounded before it is added): one rounding of
+that addition per step, on some elements, and through the gradients the runs then drift apart
+at rounding level. ``update`` is jit-able: the step runs on the host through ``jax.pure_callback`` (``init`` takes concrete parameters: it encodes the
+zero states on the host). tests/train/test_optax.py checks both statements against optax.
 """
 
 from __future__ import annotations
