@@ -19,8 +19,9 @@ unrounded. Bits: with ``xla=False`` the parameters, ``mu`` and ``nu`` equal opta
 the same gradients, and the parameters differ where XLA fuses ``params + (-lr) * u`` into one
 fma across ``apply_updates`` (fpsim's update is rounded before it is added): one rounding of
 that addition per step, on some elements, and through the gradients the runs then drift apart
-at rounding level. ``update`` is jit-able: the step runs on the host through ``jax.pure_callback`` (``init`` takes concrete parameters: it encodes the
-zero states on the host). tests/train/test_optax.py checks both statements against optax.
+at rounding level. ``update`` is jit-able: the step runs on the host through
+``jax.pure_callback`` (``init`` takes concrete parameters: it encodes the zero states on the
+host). tests/train/test_optax.py checks both statements against optax.
 """
 
 from __future__ import annotations
