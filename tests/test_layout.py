@@ -29,6 +29,7 @@ STAGES = {
     "fpsim.replay": 4,
     "fpsim.kernels": 5,
     "fpsim.distributed": 5,
+    "fpsim.train": 5,
     "fpsim.report": 6,
     "fpsim.cli": 7,
     "fpsim": 8,  # the package's __init__: the public API re-exports every stage
@@ -105,7 +106,8 @@ def test_imports_point_down_the_data_flow():
 
 def test_the_emulator_never_imports_a_kernel():
     users = sorted(a for a, t in GRAPH.items() if any(_stage(b) == "fpsim.kernels" for b in t))
-    assert all(_stage(a) in ("fpsim.kernels", "fpsim.cli") for a in users), users
+    # fpsim.train's CUDA path runs the Triton optimizer kernel (fpsim.train.cuda)
+    assert all(_stage(a) in ("fpsim.kernels", "fpsim.train", "fpsim.cli") for a in users), users
 
 
 def test_no_import_cycle():

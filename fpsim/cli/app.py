@@ -2,12 +2,13 @@
 
 Each command is a module of this package with an ``add_parser(subparsers)`` that adds it
 (its parser's ``run`` default runs it and returns the exit status): :mod:`.formats`,
-:mod:`.analyze`, :mod:`.replay`, :mod:`.memory`, :mod:`.accumulate`, :mod:`.validate` (``validate-kernels``),
-:mod:`.figures`, :mod:`.exhaustive` and :mod:`.diff`. Bad input (ValueError, TypeError, OSError)
-and a missing optional dependency (one line with its ``pip install`` command) are reported on
-stderr as ``fpsim COMMAND: error: ...`` with exit status 2; Ctrl-C ends a command with status 130
-and no traceback (the long commands have written what they finished). A bad trace
-(:class:`~fpsim.trace.TraceError`, a ValueError) is such input.
+:mod:`.analyze`, :mod:`.replay`, :mod:`.memory`, :mod:`.ab`, :mod:`.accumulate`,
+:mod:`.validate` (``validate-kernels``), :mod:`.figures`, :mod:`.exhaustive` and :mod:`.diff`.
+Bad input (ValueError, TypeError, OSError) and a missing optional dependency (one line with its
+``pip install`` command) are reported on stderr as ``fpsim COMMAND: error: ...`` with exit
+status 2; Ctrl-C ends a command with status 130 and no traceback (the long commands have
+written what they finished). A bad trace (:class:`~fpsim.trace.TraceError`, a ValueError) is
+such input.
 """
 
 from __future__ import annotations
@@ -15,13 +16,13 @@ from __future__ import annotations
 import argparse
 import sys
 
-from . import accumulate, analyze, diff, exhaustive, figures, formats, memory, replay, validate
+from . import ab, accumulate, analyze, diff, exhaustive, figures, formats, memory, replay, validate
 from .formats import format_rows
 from .output import missing_dependency
 
 __all__ = ["build_parser", "format_rows", "main"]
 
-_COMMANDS = (formats, analyze, replay, memory, accumulate, validate, figures, exhaustive, diff)
+_COMMANDS = (formats, analyze, replay, memory, ab, accumulate, validate, figures, exhaustive, diff)
 """The command modules, in the order ``fpsim --help`` lists them."""
 
 

@@ -5,6 +5,8 @@
 - :mod:`.schedule`: which updates a replay runs and their update counts (:class:`Mode`).
 - :mod:`.engine`: :func:`replay`, step by step.
 - :mod:`.stats`: the per-step statistics and their :class:`ReplayResult`.
+- :mod:`.tensorstep`: one configuration's update of one tensor, which :mod:`fpsim.train`'s
+  optimizers call too.
 - :mod:`.storage`: how states and master copies are stored and rounded.
 - :mod:`.fused`: the fused compiled Adam step for 8-bit block states (numba), declining
   whatever it does not cover.

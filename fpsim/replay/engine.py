@@ -34,7 +34,8 @@ at zero). A recorded state the optimizer does not use is an error.
 
 Where the pieces are: the configurations in :mod:`.config`, the statistics and the result in
 :mod:`.stats`, the storage of states and master copies in :mod:`.storage`, the fused 8-bit
-step in :mod:`.fused`; this module runs the steps. :func:`replay` resolves its ``backend``
+step in :mod:`.fused`, one configuration's tensor-step (also the training optimizers' step,
+:mod:`fpsim.train`) in :mod:`.tensorstep`; this module runs the steps. :func:`replay` resolves its ``backend``
 (:class:`fpsim.Backend`) and ``sqrt`` (:class:`fpsim.replay.optim.Sqrt`) once and passes them down.
 """
 
@@ -50,9 +51,7 @@ from typing import Any
 import numpy as np
 
 from .._compiled import Backend
-from ..emulate import decode, encode
-from ..emulate import element as emulate
-from ..formats import BlockFormat, Format, RoundMode
+from ..formats import Format, RoundMode
 from ..trace import as_trace
 from . import fused as _fused
 from .config import DEFAULT_CONFIGS, PRESETS, ReplayConfig, memory_table, resolve_configs
@@ -60,7 +59,8 @@ from .lossscale import ScalerState
 from .optim import AdamW, Optimizer, Sqrt
 from .schedule import Mode, Planned, plan_updates, select_steps
 from .stats import ReplayResult, Stats, state_stats, sum_sq, tensor_stats
-from .storage import is_quantized, load_state, master_seed, quantize, round_master, store_and_load
+from .storage import is_quantized, master_seed, quantize, store_and_load
+from .tensorstep import load_states, seen_grad, tensor_step
 
 # ReplayConfig, PRESETS, memory_table (.config) and ReplayResult (.stats) are re-exported here
 # for the modules that import them from fpsim.replay.engine; fpsim.replay has them all.
@@ -410,25 +410,11 @@ def _start(cfg: ReplayConfig, params, ref_states, env: _Env) -> _Run:
 
 
 def _grad(run: _Run, name: str, g: np.ndarray, backend: Backend) -> tuple[np.ndarray, bool]:
-    """The gradient the optimizer sees, and whether it holds inf/NaN (looked at only where a
-    loss scaler will act on it)."""
-    cfg = run.cfg
-    if cfg.grad_delayed is not None:
-        enc, run.delayed[name] = cfg.grad_delayed.step(run.delayed[name], g)
-        return (emulate.decode(enc.codes, cfg.grad_delayed.element) * _F32(enc.scales.view(_F32)[0])), False
-    fmt = cfg.grad
-    if isinstance(fmt, BlockFormat):
-        q = decode(encode(g, fmt, backend=backend), fmt, backend=backend)
-    elif fmt.name == "float32" and run.scaler is None:
-        q = g
-    else:
-        with np.errstate(over="ignore", invalid="ignore"):  # (a float64 scale may pass FLT_MAX: inf)
-            scale = _F32(run.scaler.scale) if run.scaler is not None else _F32(1)
-            q = emulate.quantize(g * scale, fmt)
-            if run.scaler is not None:
-                inf = not bool(np.isfinite(q).all())
-                return q * run.scaler.inv_scale, inf
-    return q, run.scaler is not None and not bool(np.isfinite(q).all())
+    """The gradient the optimizer sees, and whether it holds inf/NaN (:func:`.tensorstep.seen_grad`)."""
+    q, inf, delayed = seen_grad(run.cfg, g, run.scaler, run.delayed.get(name), backend)
+    if run.cfg.grad_delayed is not None:
+        run.delayed[name] = delayed
+    return q, inf
 
 
 def _step_config(run: _Run, env: _Env, planned: Planned, lr: float, grads, params, ref_new, result) -> None:
@@ -491,45 +477,25 @@ def _update_tensor(run: _Run, env: _Env, name, at: tuple[int, int], lr, g, refs,
         for st, v in _loaded(run, name, env.backend).items():
             state_stats(s, st, None, v, s_ref[st], env.backend)
     else:
-        p_f32 = _new_states(run, env, name, t, lr, g, s_ref, fused, s)
-        seed = master_seed(env.seed, step, name)
-        fmt = run.master_format[name]
-        p_new, comp = round_master(run.cfg, fmt, p_old, p_f32, run.comp.get(name), seed, env.backend)
+        out = tensor_step(
+            run.cfg, env.optimizer, name, p_old, run.states[name], g, lr, t,
+            seed=master_seed(env.seed, step, name), backend=env.backend,
+            master_format=run.master_format[name],
+            comp=run.comp.get(name), loaded=run.loaded.get(name), fused=fused, try_fused=False,
+            ref_states=s_ref, stats=s,
+        )  # fmt: skip
+        p_f32, p_new = out.p_f32, out.master
+        run.states[name], run.loaded[name] = out.states, out.loaded
         if run.cfg.kahan:
-            run.comp[name] = comp
+            run.comp[name] = out.comp
     run.master[name] = p_new
     tensor_stats(s, p_f32, p_old, p_new, p_ref, p_ref_old, env.backend)
     return s
-
-
-def _new_states(run: _Run, env: _Env, name, t, lr, g, s_ref, fused, s: Stats) -> np.ndarray:
-    """The optimizer's update ``t`` of one tensor (the fused one where given): the FP32
-    parameter; the new states stored into ``run`` and their statistics into ``s``."""
-    if fused is not None:
-        run.states[name], run.loaded[name] = fused.states, None
-        for st, (nonzero, zeroed, err, tot) in fused.stats.items():
-            s.state_nonzero += nonzero
-            s.state_zeroed += zeroed
-            s.state_err_sq[st], s.state_ref_sq[st] = err, tot
-        return fused.p
-    backend = env.backend
-    loaded = _loaded(run, name, backend)
-    p_f32, exact = env.optimizer.step(run.master[name], g, loaded, lr, t, backend=backend)
-    storage = {st: run.cfg.state_storage(st, name, v.size) for st, v in exact.items()}
-    stored = {st: store_and_load(storage[st], v, backend) for st, v in exact.items()}
-    run.states[name] = {st: enc for st, (enc, _) in stored.items()}
-    run.loaded[name] = {st: val for st, (_, val) in stored.items()}
-    for st, v in run.loaded[name].items():
-        rounded = v is not exact[st]  # stored as float32: nothing was rounded
-        state_stats(s, st, exact[st] if rounded else None, v, s_ref[st], backend)
-    return p_f32
 
 
 def _loaded(run: _Run, name: str, backend: Backend) -> dict[str, np.ndarray]:
     """The float32 values of a tensor's stored states (decoded when the fused step left only
     the codes)."""
     if run.loaded.get(name) is None:
-        n = run.master[name].size
-        storage = {st: run.cfg.state_storage(st, name, n) for st in run.states[name]}
-        run.loaded[name] = {st: load_state(storage[st], enc, backend) for st, enc in run.states[name].items()}
+        run.loaded[name] = load_states(run.cfg, name, run.master[name].size, run.states[name], backend)
     return run.loaded[name]

@@ -312,11 +312,13 @@ class AdamW(Adam):
 
 @dataclass(frozen=True)
 class SGD(Optimizer):
-    """SGD with momentum, PyTorch semantics (dampening 0, no Nesterov): ``buf = g`` at the
-    first update, then ``buf = buf * f32(mu) + g``; ``p = fma(buf, f32(-lr), p)``. L2 decay:
-    ``g = fma(p, wd, g)``."""
+    """SGD with momentum, PyTorch semantics (dampening 0): ``buf = g`` at the first update,
+    then ``buf = buf * f32(mu) + g``; ``p = fma(buf, f32(-lr), p)``, with ``nesterov``
+    ``p = fma(fma(buf, f32(mu), g), f32(-lr), p)`` (``grad.add(buf, alpha=momentum)``; numpy
+    only). L2 decay: ``g = fma(p, wd, g)``."""
 
     momentum: float = 0.9
+    nesterov: bool = False
     name = "sgd"
     states = ("momentum_buffer",)
     other_names = {"trace": "momentum_buffer"}  # optax's TraceState
@@ -325,6 +327,10 @@ class SGD(Optimizer):
     def __post_init__(self) -> None:
         if not (_real(self.momentum) and self.momentum >= 0):
             raise ValueError(f"SGD: momentum must be a finite number >= 0, got {self.momentum!r}")
+        if not isinstance(self.nesterov, bool) or (self.nesterov and not self.momentum):
+            raise ValueError(
+                f"SGD: nesterov must be True or False (True needs momentum > 0), got {self.nesterov!r}"
+            )
         _check_decay(self)
 
     def needs_states(self, t: int) -> bool:
@@ -336,20 +342,21 @@ class SGD(Optimizer):
         outs = None if out is None else (out[0], out[1]["momentum_buffer"])
         ins = (p, g, g if first else buf)
         sc = (first, bool(self.weight_decay), _F32(self.weight_decay), _F32(self.momentum), _F32(-lr))
-        fast = Backend.resolve(backend) is Backend.COMPILED
+        fast = Backend.resolve(backend) is Backend.COMPILED and not self.nesterov
         p, buf = (fast and _compiled_step(_compiled.load().sgd, sc, ins, outs)) or _chunked(
-            partial(_sgd_step, sc=sc), *ins, out=outs
+            partial(_sgd_step, sc=sc, nesterov=self.nesterov), *ins, out=outs
         )
         return p, {"momentum_buffer": buf}
 
 
-def _sgd_step(p, g, buf, sc: tuple):
+def _sgd_step(p, g, buf, sc: tuple, nesterov: bool = False):
     """SGD's update on float32 arrays (the numpy path); ``sc`` as the compiled loop takes it."""
     first, l2, wd, mu, neg_lr = sc
     if l2:
         (g,) = _fma(p, wd, g)
     buf = g if first else buf * mu + g
-    return _fma(buf, neg_lr, p)[0], buf
+    step = _fma(buf, mu, g)[0] if nesterov else buf
+    return _fma(step, neg_lr, p)[0], buf
 
 
 def _real(x: Any) -> bool:

@@ -1,0 +1,78 @@
+"""Printing and files for ``fpsim ab``: the summary table, ``ab.csv`` and ``ab.png``."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+__all__ = ["ab_text", "plot_ab", "write_ab_report"]
+
+REFERENCE = "fp32"
+"""The configuration drawn highlighted (black, thicker), where it was run."""
+
+
+def ab_text(summary: dict[str, Any]) -> str:
+    """The table of :meth:`fpsim.train.ab.ABResult.summary`: final and best loss, first
+    non-finite step, bytes of optimizer state per parameter."""
+    from .style import text_table
+
+    def loss(v: Any) -> str:
+        return "-" if v is None else f"{v:.4g}"
+
+    rows = [
+        [
+            r["config"],
+            loss(r["final_loss"]),
+            loss(r["best_loss"]),
+            "-" if r["first_nonfinite_step"] is None else str(r["first_nonfinite_step"]),
+            f"{r['state_bytes_per_param']:.3f}",
+        ]
+        for r in summary["results"]
+    ]
+    heads = ["config", "final loss", "best loss", "first non-finite step", "state bytes/param"]
+    return f"{summary['parameters']:,} parameters\n" + text_table(heads, rows)
+
+
+def plot_ab(frame: Any, title: str = "") -> Any:
+    """Loss curves from a DataFrame with columns ``step``, ``config``, ``loss``: one colour per
+    configuration, ``fp32`` black and thicker. The loss axis (log) ends at three times the
+    largest first-step loss; a run that leaves it is drawn up to there and its legend entry says
+    from which step it is off scale, and, where its loss became non-finite, at which step.
+    Returns the matplotlib Figure."""
+    import numpy as np
+
+    from .style import new_figure, palette, style
+
+    first = frame.sort_values("step").groupby("config", sort=False)["loss"].first()
+    top = 3 * float(np.nanmax(first.to_numpy(float))) if len(first) else 1.0
+    with style():
+        fig, ax = new_figure(figsize=(6.5, 4))
+        colours = iter(palette() * 4)
+        for config, part in frame.groupby("config", sort=False):
+            steps, loss = part["step"].to_numpy(), part["loss"].to_numpy(float)
+            ref = config == REFERENCE
+            kw = {"color": "black", "lw": 2.2, "zorder": 3} if ref else {"color": next(colours), "lw": 1.3}
+            ok = np.isfinite(loss)
+            label = str(config)
+            off = np.flatnonzero(~ok | (loss > top))
+            if off.size:
+                label += f" (off scale from step {steps[off[0]]}"
+                label += f", non-finite at {steps[~ok][0]})" if not ok.all() else ")"
+            ax.plot(steps[ok], np.minimum(loss[ok], top * 1.5), label=label, **kw)
+        ax.set_yscale("log")
+        ax.set_ylim(top=top)
+        ax.set_xlabel("step")
+        ax.set_ylabel("training loss (batch)")
+        ax.set_title(title or "A/B: the same model, start and batches under each configuration")
+        ax.legend()
+    return fig
+
+
+def write_ab_report(frame: Any, out: str | Path, title: str = "") -> dict[str, Path]:
+    """Write ``ab.csv`` (step, config, loss) and ``ab.png`` into folder ``out`` (created)."""
+    folder = Path(out)
+    folder.mkdir(parents=True, exist_ok=True)
+    paths = {"csv": folder / "ab.csv", "png": folder / "ab.png"}
+    frame.to_csv(paths["csv"], index=False)
+    plot_ab(frame, title).savefig(paths["png"])
+    return paths

@@ -1,0 +1,18 @@
+"""Train with emulated low-precision optimizers: the replay's tensor-step in a live loop.
+
+- :mod:`fpsim.train.torch`: ``AdamW``, ``Adam``, ``SGD``, drop-in ``torch.optim`` optimizers
+  taking a replay configuration (``config=``).
+- :mod:`fpsim.train.optax`: ``adamw``, ``adam``, ``sgd`` as ``optax.GradientTransformation``.
+- :mod:`fpsim.train.ab`: :func:`~fpsim.train.ab.run_ab`, one model trained under several
+  configurations from the same start and batches, and the bundled models of ``fpsim ab``.
+
+Each update of one tensor is :func:`fpsim.replay.tensorstep.tensor_step`, the replay's own
+(one implementation: a live loop and a replay of its recorded gradients give the same bits).
+torch, jax and optax are imported by the submodules that use them, never by this package.
+"""
+
+from __future__ import annotations
+
+from ._core import StepStats, resolve_config
+
+__all__ = ["StepStats", "resolve_config"]

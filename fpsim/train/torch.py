@@ -1,0 +1,286 @@
+"""Emulated low-precision optimizers to train with: :class:`AdamW`, :class:`Adam`, :class:`SGD`.
+
+Drop-in ``torch.optim.Optimizer`` subclasses taking torch's arguments plus ``config=`` (a
+preset name of :data:`fpsim.replay.PRESETS` or a :class:`fpsim.replay.ReplayConfig`: state
+formats and recipes, master format and rounding, Kahan, per-tensor overrides, min sizes) and
+``sqrt=`` (``"ieee"``: correctly rounded; ``"torch"``: torch's own CPU sqrt, with which
+``config="fp32"`` gives ``torch.optim.AdamW``'s parameters bit for bit on the machine at hand).
+
+Each tensor-step is the replay's (:func:`fpsim.replay.tensorstep.tensor_step`): the same bits
+as :func:`fpsim.replay.replay` of the same gradients (tests/train records a loop and replays
+it). ``self.state[p]`` holds ``step`` and the states packed (:func:`fpsim.train._core.pack`):
+uint8 codes and their scales (int32 bit patterns) for block recipes, so the memory a format
+saves is saved; ``state_dict()`` / ``load_state_dict()`` keep them bit for bit.
+
+Tensors are named ``param_names`` where the group has them (``named_parameters()`` passed to
+the optimizer), else ``"<group>.<index>"``; per-tensor overrides match those names. The
+update count of each tensor is its own ``step`` (a step ``torch.amp.GradScaler`` skips calls
+no ``step()``, as in torch). CPU tensors take the numpy / compiled path; CUDA tensors the
+Triton kernel :func:`fpsim.kernels.optim.adamw_step` where it covers the configuration
+(Adam/AdamW, sqrt ieee, FP32 gradients, 8-bit ABSMAX block or FP32 states, bfloat16 / float16
+/ float32 master without Kahan), else the CPU path after a one-time warning. (The CUDA path is
+not exercised by the CPU test suite.)
+
+Statistics: ``stats=True`` collects a :class:`fpsim.train.StepStats` per ``step()`` in
+``last_stats`` (zero share of the states, update/parameter ratio, swamped share); without it
+nothing is computed.
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+from collections.abc import Iterable
+
+import numpy as np
+import torch
+
+from .._compiled import Backend
+from ..replay import optim as rules
+from ..replay.config import ReplayConfig
+from ..replay.storage import master_seed
+from ._core import StepStats, init_tensor, resolve_config, step_tensor
+
+__all__ = ["SGD", "Adam", "AdamW"]
+
+_UNSIGNED = {np.dtype(np.uint32): np.int32, np.dtype(np.uint16): np.int16}  # as torch stores them
+_SIGNED_BACK = {torch.int32: np.uint32, torch.int16: np.uint16}
+
+
+class _Emulated(torch.optim.Optimizer):
+    """The loop shared by the emulated optimizers: per tensor, :func:`step_tensor`."""
+
+    def __init__(self, params, defaults: dict, config, sqrt, backend, seed, stats) -> None:
+        super().__init__(params, defaults)
+        self.config: ReplayConfig = resolve_config(config)
+        self.sqrt = rules.Sqrt.resolve(sqrt)
+        self.backend = Backend.resolve(backend)
+        if isinstance(seed, bool) or not isinstance(seed, int):
+            raise ValueError(f"seed must be an integer, got {seed!r}")
+        self.seed = seed
+        self.stats = bool(stats)
+        self.last_stats: StepStats | None = None
+        self._warned = False
+        for group in self.param_groups:
+            self._rule(group)  # bad hyper-parameters fail here, not at the first step
+
+    def _rule(self, group: dict) -> rules.Optimizer:
+        raise NotImplementedError
+
+    def _names(self) -> Iterable[tuple[dict, str, torch.Tensor]]:
+        for gi, group in enumerate(self.param_groups):
+            names = group.get("param_names") or [f"{gi}.{i}" for i in range(len(group["params"]))]
+            for name, p in zip(names, group["params"]):
+                yield group, name, p
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        """One update of every parameter with a gradient (``closure``: re-evaluates the loss)."""
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        stats = StepStats() if self.stats else None
+        for group, name, p in self._names():
+            if p.grad is None:
+                continue
+            if p.dtype != torch.float32 or p.grad.dtype != torch.float32 or p.grad.is_sparse:
+                raise ValueError(
+                    f"{name}: the emulated optimizers take float32 parameters and dense float32 gradients, "
+                    f"got {p.dtype} / {p.grad.dtype}{' sparse' if p.grad.is_sparse else ''}"
+                )
+            lr = float(group["lr"])
+            if not math.isfinite(lr) or lr < 0:
+                raise ValueError(f"{name}: lr must be a finite number >= 0, got {group['lr']!r}")
+            rule = self._rule(group)
+            state = self.state[p]
+            if not state:
+                self._init(state, name, p, rule)
+            t = int(state["step"]) + 1
+            if not (p.is_cuda and self._cuda_step(state, name, p, rule, lr, t)):
+                self._cpu_step(state, name, p, rule, lr, t, stats)
+            state["step"] = torch.tensor(float(t))
+        self.last_stats = stats
+        return loss
+
+    def _init(self, state: dict, name: str, p: torch.Tensor, rule: rules.Optimizer) -> None:
+        master, packed, comp = init_tensor(self.config, rule, name, _numpy(p), self.backend)
+        if master is not None:
+            p.copy_(torch.from_numpy(master))
+        state["step"] = torch.tensor(0.0)
+        _put(state, packed, p.device)
+        if comp is not None:
+            state["kahan_comp"] = torch.from_numpy(comp).to(p.device)
+
+    def _cpu_step(self, state, name, p, rule, lr: float, t: int, stats) -> None:
+        packed = {k: _as_numpy(v) for k, v in state.items() if k not in ("step", "kahan_comp")}
+        comp = _as_numpy(state["kahan_comp"]) if "kahan_comp" in state else None
+        master, packed, comp = step_tensor(
+            self.config, rule, name, _numpy(p), packed, comp, _numpy(p.grad), lr, t,
+            seed=self.seed, backend=self.backend, stats=stats,
+        )  # fmt: skip
+        p.copy_(torch.from_numpy(master))
+        _put(state, packed, p.device)
+        if comp is not None:
+            state["kahan_comp"] = torch.from_numpy(comp).to(p.device)
+
+    def _cuda_step(self, state, name, p, rule, lr: float, t: int) -> bool:
+        """The Triton kernel's step where it covers the configuration (True), else False after
+        a one-time warning."""
+        from .cuda import kernel_step
+
+        if kernel_step(self.config, rule, name, state, p, lr, t, master_seed(self.seed, t, name)):
+            return True
+        if not self._warned:
+            warnings.warn(
+                f"fpsim.train: the Triton kernel does not cover config {self.config.name!r} (or this "
+                "optimizer); CUDA tensors take the CPU path (copied to the host each step)",
+                stacklevel=3,
+            )
+            self._warned = True
+        return False
+
+    def load_state_dict(self, state_dict: dict) -> None:
+        """torch's, keeping the packed codes and scales in their dtypes (torch would cast every
+        tensor of a floating-point parameter's state to the parameter's dtype)."""
+        saved = [pid for g in state_dict["param_groups"] for pid in g["params"]]
+        mine = [p for g in self.param_groups for p in g["params"]]
+        if len(saved) != len(mine):
+            raise ValueError(
+                f"load_state_dict: the state holds {len(saved)} parameters, the optimizer {len(mine)}"
+            )
+        kept = {pid: dict(s) for pid, s in state_dict["state"].items()}
+        stripped = {pid: {"step": s["step"]} for pid, s in kept.items() if "step" in s}
+        super().load_state_dict({"state": stripped, "param_groups": state_dict["param_groups"]})
+        names = {id(p): (group, name) for group, name, p in self._names()}
+        for pid, p in zip(saved, mine):
+            if pid in kept:
+                group, name = names[id(p)]
+                _, packed, comp = init_tensor(
+                    self.config, self._rule(group), name, np.zeros(p.shape, np.float32), Backend.NUMPY
+                )
+                want = {"step", *packed, *(["kahan_comp"] if comp is not None else [])}
+                if set(kept[pid]) != want:
+                    raise ValueError(
+                        f"load_state_dict: {name} has state {sorted(kept[pid])}, config {self.config.name!r} "
+                        f"stores {sorted(want)}: load a state saved under the same config"
+                    )
+                for k, v in kept[pid].items():
+                    if k != "step":
+                        self.state[p][k] = v.detach().clone().to(p.device)
+
+
+def _numpy(t: torch.Tensor) -> np.ndarray:
+    """A float32 CPU tensor's memory as numpy (a CUDA tensor's host copy)."""
+    t = t.detach()
+    return (t if t.device.type == "cpu" else t.cpu()).contiguous().numpy()
+
+
+def _as_numpy(t: torch.Tensor) -> np.ndarray:
+    a = t.detach().cpu().numpy()
+    back = _SIGNED_BACK.get(t.dtype)
+    return a.view(back) if back is not None else a
+
+
+def _put(state: dict, packed: dict[str, np.ndarray], device) -> None:
+    """The packed arrays into ``state`` as tensors (unsigned 16/32-bit as their signed views)."""
+    for k, a in packed.items():
+        a = np.ascontiguousarray(a)
+        signed = _UNSIGNED.get(a.dtype)
+        old = state.get(k)
+        if old is not None and old.device.type == "cpu" and np.shares_memory(_as_numpy(old), a):
+            continue  # updated in place
+        state[k] = torch.from_numpy(a.view(signed) if signed is not None else a).to(device)
+
+
+class _Adam(_Emulated):
+    _decoupled: bool
+
+    def __init__(
+        self,
+        params,
+        lr: float = 1e-3,
+        betas: tuple[float, float] = (0.9, 0.999),
+        eps: float = 1e-8,
+        weight_decay: float = 0.0,
+        *,
+        amsgrad: bool = False,
+        maximize: bool = False,
+        config: ReplayConfig | str = "fp32",
+        sqrt: rules.Sqrt | str = "ieee",
+        backend: Backend | str = "auto",
+        seed: int = 0,
+        stats: bool = False,
+    ) -> None:
+        if amsgrad or maximize:
+            raise ValueError(f"{type(self).__name__}: amsgrad and maximize are not emulated")
+        defaults = {"lr": lr, "betas": betas, "eps": eps, "weight_decay": weight_decay}
+        super().__init__(params, defaults, config, sqrt, backend, seed, stats)
+
+    def _rule(self, group: dict) -> rules.Optimizer:
+        cls = rules.AdamW if self._decoupled else rules.Adam
+        return cls(
+            betas=tuple(group["betas"]), eps=group["eps"], weight_decay=group["weight_decay"], sqrt=self.sqrt
+        )
+
+
+class AdamW(_Adam):
+    """``torch.optim.AdamW`` (decoupled weight decay, default 1e-2) with emulated storage: the
+    update of :class:`fpsim.replay.optim.AdamW` (module doc for ``config``, ``sqrt``,
+    ``backend``, ``seed`` of stochastic master rounding and ``stats``).
+
+    Raises:
+        ValueError: an unknown config or sqrt, bad hyper-parameters, ``amsgrad`` or
+            ``maximize``; at ``step()``, parameters or gradients that are not float32.
+    """
+
+    _decoupled = True
+
+    def __init__(
+        self, params, lr: float = 1e-3, betas=(0.9, 0.999), eps: float = 1e-8, weight_decay=1e-2, **kw
+    ):
+        super().__init__(params, lr, betas, eps, weight_decay, **kw)
+
+
+class Adam(_Adam):
+    """``torch.optim.Adam`` (L2 weight decay) with emulated storage; as :class:`AdamW`."""
+
+    _decoupled = False
+
+
+class SGD(_Emulated):
+    """``torch.optim.SGD`` (momentum, nesterov, L2 weight decay; dampening 0) with emulated
+    storage of the momentum buffer (:class:`fpsim.replay.optim.SGD`, which keeps the buffer
+    also with momentum 0); as :class:`AdamW`.
+
+    Raises:
+        ValueError: as :class:`AdamW`; ``dampening`` other than 0, ``maximize``, or nesterov
+            without momentum.
+    """
+
+    def __init__(
+        self,
+        params,
+        lr: float = 1e-3,
+        momentum: float = 0.0,
+        dampening: float = 0.0,
+        weight_decay: float = 0.0,
+        nesterov: bool = False,
+        *,
+        maximize: bool = False,
+        config: ReplayConfig | str = "fp32",
+        backend: Backend | str = "auto",
+        seed: int = 0,
+        stats: bool = False,
+    ) -> None:
+        if dampening or maximize:
+            raise ValueError("SGD: dampening and maximize are not emulated")
+        if nesterov and not momentum:
+            raise ValueError("SGD: nesterov needs a momentum > 0 (as torch.optim.SGD)")
+        defaults = {"lr": lr, "momentum": momentum, "weight_decay": weight_decay, "nesterov": nesterov}
+        super().__init__(params, defaults, config, "ieee", backend, seed, stats)
+
+    def _rule(self, group: dict) -> rules.Optimizer:
+        return rules.SGD(
+            momentum=group["momentum"], weight_decay=group["weight_decay"], nesterov=group["nesterov"]
+        )
