@@ -5,8 +5,10 @@ Every notebook in ``notebooks/`` runs top to bottom in a fresh kernel by the fun
 regenerates them (``python notebooks/execute.py``); an error fails the test, and so does a
 failed ``assert`` in a cell: the notebooks assert every number their text states, so a stale
 sentence fails here. The stored text outputs must equal the fresh ones (stale outputs fail: rerun
-``python notebooks/execute.py``), and every figure a cell shows must come out as a PNG image, in
-the stored notebook and when run headless.
+``python notebooks/execute.py``), except in cells tagged ``machine-dependent``: those print what
+torch computes (a training loss), which depends on the CPU's SIMD width and thread count, so only
+their assertions and figures are checked. Every figure a cell shows must come out as a PNG image,
+in the stored notebook and when run headless.
 """
 
 from __future__ import annotations
@@ -43,6 +45,10 @@ def _text(cell) -> str:
         elif o.output_type in ("execute_result", "display_data"):
             parts.append(o.data.get("text/plain", ""))
     return "".join(parts)
+
+
+MACHINE_DEPENDENT = "machine-dependent"
+"""The cell tag of outputs computed by torch on the CPU (not compared as text)."""
 
 
 def _images(cell) -> int:
@@ -109,5 +115,6 @@ def test_notebook_runs_and_gives_its_stored_outputs(path, tmp_path):
     assert len(old) == len(new)
     for i, (a, b) in enumerate(zip(old, new)):
         hint = f"{path.name} code cell {i}: stale outputs; python notebooks/execute.py {path.name[:2]}"
-        assert _text(a) == _text(b), hint
+        if MACHINE_DEPENDENT not in b.metadata.get("tags", []):
+            assert _text(a) == _text(b), hint
         assert _images(a) == _images(b), hint

@@ -41,17 +41,17 @@ def plot_ab(frame: Any, title: str = "") -> Any:
     Returns the matplotlib Figure."""
     import numpy as np
 
-    from .style import new_figure, palette, style
+    from .style import colours_for, new_figure, style
 
     first = frame.sort_values("step").groupby("config", sort=False)["loss"].first()
     top = 3 * float(np.nanmax(first.to_numpy(float))) if len(first) else 1.0
     with style():
         fig, ax = new_figure(figsize=(6.5, 4))
-        colours = iter(palette() * 4)
+        colours = colours_for([c for c in frame["config"].unique() if c != REFERENCE])
         for config, part in frame.groupby("config", sort=False):
             steps, loss = part["step"].to_numpy(), part["loss"].to_numpy(float)
             ref = config == REFERENCE
-            kw = {"color": "black", "lw": 2.2, "zorder": 3} if ref else {"color": next(colours), "lw": 1.3}
+            kw = {"color": "black", "lw": 2.2, "zorder": 3} if ref else {"color": colours[config], "lw": 1.3}
             ok = np.isfinite(loss)
             label = str(config)
             off = np.flatnonzero(~ok | (loss > top))
