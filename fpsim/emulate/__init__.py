@@ -24,13 +24,13 @@ def encode(
     """Codes of ``x`` in ``fmt``: see :func:`fpsim.emulate.element.encode` (element formats) and
     :func:`fpsim.emulate.blocks.encode_blocks` (block formats, returns a BlockCodes).
 
-    ``backend`` (:class:`~fpsim.Backend` or its name) is where the block loops run; element
-    formats have one path (numpy or JAX, after the input).
+    ``backend`` (:class:`~fpsim.Backend` or its name) is where the loops run on numpy input
+    (the same codes on each); JAX input runs under JAX.
     """
     fmt, backend = get_format(fmt), Backend.resolve(backend)
     if isinstance(fmt, BlockFormat):
         return blocks.encode_blocks(x, fmt, backend=backend, **kwargs)
-    return element.encode(x, fmt, **kwargs)
+    return element.encode(x, fmt, backend=backend, **kwargs)
 
 
 def decode(codes: Any, fmt: str | AnyFormat | BlockFormat, *, backend: Backend | str = "auto") -> Any:
@@ -48,4 +48,4 @@ def quantize(
     fmt, backend = get_format(fmt), Backend.resolve(backend)
     if isinstance(fmt, BlockFormat):
         return blocks.decode_array(blocks.encode_blocks(x, fmt, backend=backend, **kwargs), fmt, backend)
-    return element.decode_array(element.encode(x, fmt, **kwargs), fmt)
+    return element.decode_array(element.encode(x, fmt, backend=backend, **kwargs), fmt)
