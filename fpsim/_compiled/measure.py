@@ -31,16 +31,13 @@ from llvmlite import ir
 from numba import types
 from numba.extending import intrinsic
 
+from .kinds import KMIN, NBINS
 from .loops import jit
 
 # rounding modes and encodings as the loops number them (fpsim.emulate.element maps the enums)
 NEAREST_EVEN, NEAREST_AWAY, TOWARD_ZERO, TOWARD_POSITIVE, TOWARD_NEGATIVE, STOCHASTIC, ODD = range(7)
 IEEE, FN, FNUZ, FINITE = range(4)
 
-KMIN = -2200
-"""Exponent of bin 0 of an exact sum (the smallest square term is above 2**-2200)."""
-NBINS = 4608
-"""Bins of an exact sum: up to 2**2407, room for squares of float64 and the carries."""
 TILE = 1000
 """Elements between carries: 1000 terms of 53 bits on a 32-bit digit stay below 2**63."""
 
@@ -378,7 +375,18 @@ def value_tally(x, q, at_max, sub, hist_on, counts, bins, maxes, hist):
     for lo in range(0, n, TILE):
         for i in range(lo, min(n, lo + TILE)):
             s = sub[i] != 0 if has_sub else False
-            tally_one(np.float64(x[i]), np.float64(q[i]), at_max[i] != 0, s, hist_on, counts, bins, maxes, hist, lohi)
+            tally_one(
+                np.float64(x[i]),
+                np.float64(q[i]),
+                at_max[i] != 0,
+                s,
+                hist_on,
+                counts,
+                bins,
+                maxes,
+                hist,
+                lohi,
+            )
         carry(bins, lohi)
 
 

@@ -76,7 +76,14 @@ def encode(
     xp, x = as_float_array(x)
     rand = stochastic_words(xp, mode, random_bits, rng, x.shape, stochastic_bits)
     return encode_array(
-        x, fmt, mode, saturate=saturate, subnormals=subnormals, rand=rand, nbits=stochastic_bits, backend=backend
+        x,
+        fmt,
+        mode,
+        saturate=saturate,
+        subnormals=subnormals,
+        rand=rand,
+        nbits=stochastic_bits,
+        backend=backend,
     )
 
 
