@@ -39,6 +39,7 @@ __all__ = [
     "SWAMP_MODES",
     "resolve_formats",
     "select_entries",
+    "skip_reason",
     "tensor_seed",
 ]
 
@@ -289,6 +290,11 @@ def tensor_seed(seed: int, step: int, role: str, name: str) -> int:
     return seed ^ zlib.crc32(f"{step}:{role}:{name}".encode())
 
 
+def skip_reason(e: Any, why: str) -> str:
+    """The reason a recipe skips tensor entry ``e``, naming the tensor."""
+    return f"{e.role} {e.name!r} (step {e.step}, shape {tuple(e.shape)}): {why}"
+
+
 def _map(backend: Backend, fn: Any, items: list) -> list:
     """``[fn(i) for i in items]``, on the thread pool of the compiled loops (which release the
     GIL) where ``backend`` is compiled; results in the items' order either way."""
@@ -316,46 +322,45 @@ def _measure_entry(
     key = (e.step, e.role, e.name)
     shape, flat = tuple(x.shape), x.reshape(-1)
     out.shapes[key] = shape
-    groups: dict[tuple, list] = {}
-    for f in fmts:
+    groups: dict[tuple, list[int]] = {}  # chunk slices -> positions in fmts
+    for i, f in enumerate(fmts):
         why = not_covered(shape, f)
         if why is not None:
-            out.skipped[(*key, f.name)] = (x.size, f"{e.role} {e.name!r} (step {e.step}): {why}")
+            out.skipped[(*key, f.name)] = (x.size, skip_reason(e, why))
             continue
-        groups.setdefault(tuple(chunk_slices(shape, f)), []).append(f)
-    measured = [f for f in fmts if (*key, f.name) not in out.skipped]
-    amax = tensor_amax(flat) if any(needs_tensor_amax(f) for f in measured) else None
-    found: dict[tuple[str, str], Partial] = {}
+        groups.setdefault(tuple(chunk_slices(shape, f)), []).append(i)
+    measured = sorted(i for g in groups.values() for i in g)
+    if not measured:
+        return
+    amax = tensor_amax(flat) if any(needs_tensor_amax(fmts[i]) for i in measured) else None
+    found: dict[tuple[int, int], Partial] = {}  # (format position, mode position)
     for slices, group in groups.items():
+        jobs = [(i, mi) for i in group for mi in range(len(modes))]
 
-        def task(sl: tuple[int, int], group: list = group) -> list[Partial]:
+        def task(sl: tuple[int, int], jobs: list = jobs) -> list[Partial]:
             start, stop = sl
             return [
                 tally_chunk(
-                    chunk_view(flat, shape, start, stop, f),
-                    f,
-                    m,
+                    chunk_view(flat, shape, start, stop, fmts[i]),
+                    fmts[i],
+                    modes[mi],
                     backend,
                     offset=start,
                     seed=seed,
-                    tensor_amax=amax if needs_tensor_amax(f) else None,
-                    with_hist=f is measured[0] and m is modes[0],
+                    tensor_amax=amax if needs_tensor_amax(fmts[i]) else None,
+                    with_hist=(i, mi) == (measured[0], 0),
                 )
-                for f in group
-                for m in modes
+                for i, mi in jobs
             ]
 
         for (start, stop), parts in zip(slices, _map(backend, task, list(slices))):
-            for (f, m), p in zip([(f, m) for f in group for m in modes], parts):
-                k = (f.name, m.value)
+            for k, p in zip(jobs, parts):
                 found[k] = found[k] + p if k in found else p
-            progress((stop - start) * len(group) * len(modes))
-    if not measured:
-        return
-    for f in measured:
-        for m in modes:
-            out.results[(*key, f.name, m.value)] = found.get((f.name, m.value), Partial())
-    out.hist[key] = found.get((measured[0].name, modes[0].value), Partial()).hist
+            progress((stop - start) * len(jobs))
+    for i in measured:
+        for mi, m in enumerate(modes):
+            out.results[(*key, fmts[i].name, m.value)] = found.get((i, mi), Partial())
+    out.hist[key] = found.get((measured[0], 0), Partial()).hist
 
 
 def _swamping(
@@ -371,7 +376,7 @@ def _swamping(
             f"{params[0].file}: param {e.name!r} has shape {tuple(theta.shape)}, "
             f"its gradient {tuple(grad.shape)}"
         )
-    elems = [f for f in fmts if isinstance(f, Format)]
+    elems = list({f.name: f for f in fmts if isinstance(f, Format)}.values())  # each name once
     if not elems:
         return
     t_flat, g_flat = theta.reshape(-1), grad.reshape(-1)
