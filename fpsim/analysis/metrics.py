@@ -53,6 +53,7 @@ __all__ = [
     "swamping_chunk",
     "measure_tensor",
     "tally_chunk",
+    "tally_jobs",
     "swamping_partial",
     "chunk_slices",
     "iter_chunks",
@@ -253,35 +254,60 @@ def tally_chunk(
     with_hist: bool = False,
 ) -> Partial:
     """:func:`measure_chunk` with the format, rounding mode and backend resolved."""
+    job = (fmt, mode, with_hist)
+    return tally_jobs(
+        x, [job], backend, offset=offset, seed=seed, saturate=saturate, tensor_amax=tensor_amax
+    )[0]
+
+
+def tally_jobs(
+    x: np.ndarray,
+    jobs: list[tuple[AnyKind, RoundMode, bool]],
+    backend: Backend,
+    *,
+    offset: int = 0,
+    seed: int = 0,
+    saturate: bool = False,
+    tensor_amax: float | None = None,
+) -> list[Partial]:
+    """The partials of one chunk under several (format, mode, with_hist) jobs: the chunk is
+    converted once and, on :attr:`Backend.COMPILED`, its format-independent tallies are
+    computed once (:func:`fpsim.analysis.compiled.inputs`) and each job is one compiled
+    pass. ``x`` is shaped as the jobs' recipes need it (:func:`chunk_view`); ``tensor_amax``
+    goes to the jobs that need it (:func:`needs_tensor_amax`)."""
     x = np.asarray(x)
     if x.dtype.kind != "f" and not element.is_ml_float(x.dtype):
         raise TypeError(f"cannot measure a tensor of dtype {x.dtype}: not a float type")
     xf = x.astype(np.float64 if x.dtype == np.float64 else np.float32, copy=False)
     compiled = backend is Backend.COMPILED and xf.size > 0
-    if compiled and not isinstance(fmt, BlockFormat):
-        from .compiled import element_partial
-
-        return element_partial(
-            xf, fmt, mode, offset=offset, seed=seed, saturate=saturate, with_hist=with_hist
-        )
-    rand = None
-    if mode is RoundMode.STOCHASTIC:
-        rand = random_bits_at(seed, offset, xf.size).reshape(xf.shape)
-    if isinstance(fmt, BlockFormat):
-        enc = blocks.encode_array(
-            element.as_float32(xf), fmt, mode, backend, rand=rand, tensor_amax=tensor_amax
-        )
-        q = blocks.decode_array(enc, fmt, backend)
-        codes, el = enc.codes, fmt.element
-    else:
-        codes = element.encode_array(xf, fmt, mode, saturate=saturate, rand=rand)
-        q, el = element.decode_array(codes, fmt), fmt
-    codes = np.asarray(codes).reshape(-1)
+    inp = None
     if compiled:
-        from .compiled import value_partial
+        from . import compiled as fast
 
-        return value_partial(xf, q, *element_flags(codes, el), with_hist)
-    return _tally(xf.reshape(-1), q.reshape(-1), codes, el, with_hist)
+        inp = fast.inputs(xf, any(h for _, _, h in jobs))
+    out = []
+    for fmt, mode, with_hist in jobs:
+        if compiled and not isinstance(fmt, BlockFormat):
+            kw = {"offset": offset, "seed": seed, "saturate": saturate, "with_hist": with_hist}
+            out.append(fast.element_partial(xf, fmt, mode, inp, **kw))
+            continue
+        rand = None
+        if mode is RoundMode.STOCHASTIC:
+            rand = random_bits_at(seed, offset, xf.size).reshape(xf.shape)
+        if isinstance(fmt, BlockFormat):
+            amax = tensor_amax if needs_tensor_amax(fmt) else None
+            enc = blocks.encode_array(element.as_float32(xf), fmt, mode, backend, rand=rand, tensor_amax=amax)
+            q = blocks.decode_array(enc, fmt, backend)
+            codes, el = enc.codes, fmt.element
+        else:
+            codes = element.encode_array(xf, fmt, mode, saturate=saturate, rand=rand)
+            q, el = element.decode_array(codes, fmt), fmt
+        codes = np.asarray(codes).reshape(-1)
+        if compiled:
+            out.append(fast.value_partial(xf, q, *element_flags(codes, el), inp, with_hist))
+        else:
+            out.append(_tally(xf.reshape(-1), q.reshape(-1), codes, el, with_hist))
+    return out
 
 
 _SUB = 1 << 16  # elements per sub-block: temporaries stay in cache

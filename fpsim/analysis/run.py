@@ -28,7 +28,7 @@ from .metrics import (
     needs_tensor_amax,
     not_covered,
     swamping_chunk,
-    tally_chunk,
+    tally_jobs,
     tensor_amax,
 )
 
@@ -328,30 +328,22 @@ def _measure_entry(
         if why is not None:
             out.skipped[(*key, f.name)] = (x.size, skip_reason(e, why))
             continue
-        groups.setdefault(tuple(chunk_slices(shape, f)), []).append(i)
+        slices = tuple(chunk_slices(shape, f))
+        view = chunk_view(flat, shape, *slices[0], f).shape[1:] if slices else ()  # rows or flat
+        groups.setdefault((slices, view), []).append(i)
     measured = sorted(i for g in groups.values() for i in g)
     if not measured:
         return
     amax = tensor_amax(flat) if any(needs_tensor_amax(fmts[i]) for i in measured) else None
     found: dict[tuple[int, int], Partial] = {}  # (format position, mode position)
-    for slices, group in groups.items():
+    for (slices, _), group in groups.items():
         jobs = [(i, mi) for i in group for mi in range(len(modes))]
 
         def task(sl: tuple[int, int], jobs: list = jobs) -> list[Partial]:
             start, stop = sl
-            return [
-                tally_chunk(
-                    chunk_view(flat, shape, start, stop, fmts[i]),
-                    fmts[i],
-                    modes[mi],
-                    backend,
-                    offset=start,
-                    seed=seed,
-                    tensor_amax=amax if needs_tensor_amax(fmts[i]) else None,
-                    with_hist=(i, mi) == (measured[0], 0),
-                )
-                for i, mi in jobs
-            ]
+            part = chunk_view(flat, shape, start, stop, fmts[jobs[0][0]])  # one view per group
+            todo = [(fmts[i], modes[mi], (i, mi) == (measured[0], 0)) for i, mi in jobs]
+            return tally_jobs(part, todo, backend, offset=start, seed=seed, tensor_amax=amax)
 
         for (start, stop), parts in zip(slices, _map(backend, task, list(slices))):
             for k, p in zip(jobs, parts):

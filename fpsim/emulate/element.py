@@ -139,15 +139,15 @@ PIECE = 1 << 18
 
 
 @cache
-def loop_params(fmt: AnyFormat, saturate: bool, ftz: bool) -> np.ndarray:
-    """The int64 parameter array of ``fmt`` that the loops of :mod:`fpsim._compiled.measure`
-    take (its ``P_*`` positions); ``ftz``: flush subnormal results (float formats)."""
-    p = np.zeros(20, np.int64)
+def loop_params(fmt: AnyFormat, saturate: bool, ftz: bool) -> tuple[int, ...]:
+    """The parameters of ``fmt`` that the loops of :mod:`fpsim._compiled.measure` take (at its
+    ``P_*`` positions; a tuple, passed by value); ``ftz``: flush subnormal results."""
+    p = np.zeros(21, np.int64)
     if isinstance(fmt, IntFormat):
         p[0], p[11], p[12] = 1, fmt.fraction_bits, fmt.bits
         p[13], p[14], p[15] = saturate or fmt.symmetric, fmt.max_int, fmt.min_int
         p[5] = fmt.signed
-        return p
+        return tuple(int(v) for v in p)
     p[1:5] = fmt.mantissa_bits, fmt.exponent_bits, fmt.min_exponent, fmt.has_zero
     p[5:8] = fmt.signed, fmt.has_nan, _ENCODING_CODES[fmt.encoding]
     p[8] = fmt.code_of_max
@@ -155,7 +155,8 @@ def loop_params(fmt: AnyFormat, saturate: bool, ftz: bool) -> np.ndarray:
     p[10] = fmt.code_of_nan if fmt.code_of_nan is not None else 0
     p[16], p[17], p[18] = saturate, ftz, fmt.bits > 16
     p[19] = fmt.subnormals and fmt.has_zero and fmt.mantissa_bits > 0
-    return p
+    p[20] = fmt.signed and fmt.has_zero  # nearest-even has a fast path
+    return tuple(int(v) for v in p)
 
 
 @cache
