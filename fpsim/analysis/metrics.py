@@ -427,7 +427,8 @@ def swamping_partial(
         t = _quantize(np.asarray(theta[start : start + CHUNK], np.float32), fmt, RoundMode.NEAREST_EVEN)
         d = np.asarray(delta[start : start + CHUNK], np.float32)
         if scale is not None:
-            d = np.float32(scale) * d
+            with np.errstate(over="ignore", invalid="ignore"):
+                d = np.float32(scale) * d
         rand = random_bits_at(seed, start, t.size) if mode is RoundMode.STOCHASTIC else None
         with np.errstate(invalid="ignore", over="ignore"):
             new = _quantize(t.astype(np.float64) + d, fmt, mode, rand)
