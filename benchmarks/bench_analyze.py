@@ -151,19 +151,16 @@ def trace_comparison(tensor_elements: int = 1 << 22) -> dict:
         small, path = Path(tmp) / "small", Path(tmp) / "trace"
         _write_trace(small, {"w": (1000,), "b": (64, 64)}, 2)
         first, cached = _compile_times(small)
-        print(
-            f"first analysis in a fresh process: {first:.1f} s, empty numba cache; {cached:.1f} s cached"
-        )
-        _write_trace(path, {"layer0.weight": (tensor_elements,), "layer1.weight": (tensor_elements,)}, 4)
+        print(f"first analysis in a fresh process: {first:.1f} s, empty numba cache; {cached:.1f} s cached")
+        side = int(tensor_elements**0.5)  # 2-D, so that row and tile recipes apply
+        _write_trace(path, {"layer0.weight": (side, side), "layer1.weight": (side, side)}, 4)
         analyze(small, FOUR, progress=False)  # compiled code loaded
         t_plain = best(lambda: _plain_loop(path, dtypes), 2)
         t_fp = best(lambda: analyze(path, FOUR, progress=False), 2)
         t_fp_np = best(lambda: analyze(path, FOUR, progress=False, backend="numpy"), 1)
         t_one = best(lambda: _plain_loop(path, dtypes[:1]), 2)
-        n = 8 * tensor_elements
-        print(
-            f"trace: 4 steps x 2 tensors x {tensor_elements:,} float32 gradients + params ({n:,} elements)"
-        )
+        n = 8 * side * side
+        print(f"trace: 4 steps x 2 tensors x {tensor_elements:,} float32 gradients + params ({n:,} elements)")
         print(f"plain loop (load + ml_dtypes cast + back + count zeros), 4 formats: {t_plain:6.2f} s")
         print(
             f"fpsim analyze, 4 formats, all metrics, swamping both modes:      {t_fp:6.2f} s "

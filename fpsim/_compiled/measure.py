@@ -245,6 +245,59 @@ def nearest_code(x, m, emin, shift, fnuz, ftz):
 
 
 @jit
+def stochastic_code(x, r, m, emin, shift, fnuz, ftz):
+    # encode_float in stochastic rounding with 32-bit words r for a signed format with a zero
+    # and at most 20 mantissa bits (so that at least 32 bits are discarded: the rule keeps
+    # the top 32 of them, top, and rounds away iff top + r >= 2**32), without the special
+    # cases: in the normal range at the fixed position of nearest_code; below it at the
+    # subnormal quantum, d = emin - m + 1075 - max(es, 1) bits of the significand (d >= 33;
+    # clamped where everything is discarded). Right wherever the magnitude code is at most
+    # the largest finite one (callers check)
+    b = bits64(x)
+    mag = b & _MAG64
+    d = _U(52 - m)
+    kept = mag >> d
+    top = (mag & ((_U(1) << d) - _U(1))) >> (d - _U(32))
+    nor = kept + ((top + r) >> _U(32)) - _U((1022 + emin) << m)
+    es = np.int64(mag >> _U(52))
+    mant = mag & _MANT64
+    sig = mant if es == 0 else mant | (_U(1) << _U(52))
+    dv = min(max(emin - m + 1075 - max(es, np.int64(1)), np.int64(33)), np.int64(95))
+    dk = _U(min(dv, np.int64(63)))
+    top_s = (sig & ((_U(1) << dk) - _U(1))) >> _U(dv - 32)
+    sub = (sig >> dk) + ((top_s + r) >> _U(32))
+    c = sub if mag < _U((emin + 1023) << 52) else nor
+    if ftz:
+        c = _U(0) if c < (_U(1) << _U(m)) else c
+    neg = (b >> _U(63)) != _U(0)
+    sign_out = (neg & (c != _U(0))) if fnuz else neg
+    return c, c | (_U(sign_out) << shift)
+
+
+@jit
+def stochastic_fast(x, p, mix, offset, rand, out):
+    # encode in stochastic rounding (32-bit words: rand[i], or random_word(mix, offset + i)
+    # where rand is empty) for formats with p[P_FAST] and at most 20 mantissa bits:
+    # stochastic_code, encode_float where it does not apply
+    m, emin, shift = p[P_M], p[P_EMIN], _U(p[P_E] + p[P_M])
+    fnuz, ftz, cmax = p[P_ENC] == FNUZ, p[P_FTZ] != 0, _U(p[P_MAX])
+    given = rand.size > 0
+    bad = 0
+    for i in range(x.size):
+        r = _U(rand[i]) if given else random_word(mix, offset + i)
+        c, code = stochastic_code(np.float64(x[i]), r, m, emin, shift, fnuz, ftz)
+        out[i] = code
+        bad += c > cmax
+    if bad:
+        for i in range(x.size):
+            xi = np.float64(x[i])
+            r = _U(rand[i]) if given else random_word(mix, offset + i)
+            c, code = stochastic_code(xi, r, m, emin, shift, fnuz, ftz)
+            if c > cmax:
+                out[i] = encode_float(xi, p, STOCHASTIC, r, 32)
+
+
+@jit
 def encode_one(x, p, mode, r, nbits):
     # the code of one value under the element format p
     if p[P_INT] != 0:
@@ -282,6 +335,9 @@ def encode(x, p, mode, rand, nbits, out):
     if mode == NEAREST_EVEN and p[P_FAST] != 0 and p[P_INT] == 0:
         encode_fast(x, p, out)
         return
+    if mode == STOCHASTIC and p[P_FAST] != 0 and p[P_INT] == 0 and p[P_M] <= 20 and nbits == 32:
+        stochastic_fast(x, p, _U(0), 0, rand, out)
+        return
     stochastic = mode == STOCHASTIC
     for i in range(x.size):
         r = _U(rand[i]) if stochastic else _U(0)
@@ -294,6 +350,9 @@ def codes_tile(x, p, mode, nbits, mix, offset, out):
     # words random_word(mix, offset + i)
     if mode == NEAREST_EVEN and p[P_FAST] != 0 and p[P_INT] == 0:
         encode_fast(x, p, out)
+        return
+    if mode == STOCHASTIC and p[P_FAST] != 0 and p[P_INT] == 0 and p[P_M] <= 20 and nbits == 32:
+        stochastic_fast(x, p, mix, offset, np.zeros(0, np.uint32), out)
         return
     stochastic = mode == STOCHASTIC
     for i in range(x.size):
