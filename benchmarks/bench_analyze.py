@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import subprocess
 import sys
@@ -141,7 +142,7 @@ def _compile_times(trace: Path) -> tuple[float, float]:
     return times[0], times[1]
 
 
-def trace_comparison(tensor_elements: int = 1 << 22) -> dict:
+def trace_comparison(tensor_elements: int = 1 << 22, numpy_tier: bool = False) -> dict:
     """Section 0 of the module doc."""
     from fpsim.analysis import analyze
     from fpsim.formats import RECIPES
@@ -157,7 +158,9 @@ def trace_comparison(tensor_elements: int = 1 << 22) -> dict:
         analyze(small, FOUR, progress=False)  # compiled code loaded
         t_plain = best(lambda: _plain_loop(path, dtypes), 2)
         t_fp = best(lambda: analyze(path, FOUR, progress=False), 2)
-        t_fp_np = best(lambda: analyze(path, FOUR, progress=False, backend="numpy"), 1)
+        t_fp_np = (
+            best(lambda: analyze(path, FOUR, progress=False, backend="numpy"), 1) if numpy_tier else math.nan
+        )
         t_one = best(lambda: _plain_loop(path, dtypes[:1]), 2)
         n = 8 * side * side
         print(f"trace: 4 steps x 2 tensors x {tensor_elements:,} float32 gradients + params ({n:,} elements)")
@@ -326,12 +329,13 @@ def main() -> None:
     ap.add_argument("--skip-memory", action="store_true")
     ap.add_argument("--trace", action="store_true", help="only the trace comparison (issue 19)")
     ap.add_argument("--minilm", action="store_true", help="only the MiniLM-sized trace")
+    ap.add_argument("--numpy-tier", action="store_true", help="--trace: also time the numpy tier (slow)")
     ap.add_argument("--json", help="write the results here as JSON")
     args = ap.parse_args()
     if args.trace or args.minilm:
         out = {}
         if args.trace:
-            out["trace"] = trace_comparison()
+            out["trace"] = trace_comparison(numpy_tier=args.numpy_tier)
         if args.minilm:
             out["minilm"] = minilm()
         if args.json:

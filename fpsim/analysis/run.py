@@ -134,7 +134,7 @@ class Analysis:
             for rnd in self.roundings:
                 if (fmt, rnd) not in totals and fmt not in not_covered:
                     continue
-                measured = totals[fmt, rnd].totals() if (fmt, rnd) in totals else {}
+                measured = totals.get((fmt, rnd), Partial()).totals()
                 entry = {"format": fmt, "rounding": rnd, **json_safe(measured)}
                 entry["elements_not_covered"] = not_covered.get(fmt, 0)
                 for srnd in sorted({r for f, r in swamp if f == fmt}):
