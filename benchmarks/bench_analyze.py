@@ -62,6 +62,16 @@ def best(fn, repeats: int = 3) -> float:
     return min(times)
 
 
+def best_cpu(fn, repeats: int = 2) -> tuple[float, float]:
+    """(best wall-clock seconds, CPU seconds of this process over all threads in that run)."""
+    runs = []
+    for _ in range(repeats):
+        t, c = time.perf_counter(), time.process_time()
+        fn()
+        runs.append((time.perf_counter() - t, time.process_time() - c))
+    return min(runs)
+
+
 def throughput(n: int) -> dict:
     x = gradients(n)
     t_ml = best(lambda: x.astype(ml_dtypes.float8_e4m3fn))
@@ -156,8 +166,8 @@ def trace_comparison(tensor_elements: int = 1 << 22, numpy_tier: bool = False) -
         side = int(tensor_elements**0.5)  # 2-D, so that row and tile recipes apply
         _write_trace(path, {"layer0.weight": (side, side), "layer1.weight": (side, side)}, 4)
         analyze(small, FOUR, progress=False)  # compiled code loaded
-        t_plain = best(lambda: _plain_loop(path, dtypes), 2)
-        t_fp = best(lambda: analyze(path, FOUR, progress=False), 2)
+        t_plain, c_plain = best_cpu(lambda: _plain_loop(path, dtypes), 2)
+        t_fp, c_fp = best_cpu(lambda: analyze(path, FOUR, progress=False), 2)
         t_fp_np = (
             best(lambda: analyze(path, FOUR, progress=False, backend="numpy"), 1) if numpy_tier else math.nan
         )
@@ -170,7 +180,13 @@ def trace_comparison(tensor_elements: int = 1 << 22, numpy_tier: bool = False) -
             f"= {t_fp / t_plain:.2f}x (goal <= 2x, ideally <= 1x); numpy tier {t_fp_np:.2f} s = "
             f"{t_fp_np / t_plain:.2f}x"
         )
+        print(
+            f"CPU time (all threads): plain loop {c_plain:.2f} s, analyze {c_fp:.2f} s "
+            f"= {c_fp / c_plain:.2f}x "
+            "(on a shared machine the wall-clock ratio follows the CPU share each run gets)"
+        )
         row = {"plain_s": t_plain, "analyze_s": t_fp, "ratio": t_fp / t_plain, "numpy_tier_s": t_fp_np}
+        row |= {"plain_cpu_s": c_plain, "analyze_cpu_s": c_fp, "cpu_ratio": c_fp / c_plain}
         row |= {"first_run_s": first, "cached_run_s": cached, "one_cast_s": t_one, "recipes": {}}
         print(f"one plain element cast (load + e4m3 cast + back + count): {t_one:.2f} s")
         for name in RECIPES:
