@@ -1,12 +1,16 @@
-"""Encode throughput of fpsim's numpy and JAX paths as a ratio to ml_dtypes' astype.
+"""Encode throughput of fpsim's numpy-facing verbs (compiled and numpy tiers) and JAX path as
+a ratio to ml_dtypes' astype and to a plain memory copy of the input.
 
 Run: ``python benchmarks/bench_encode.py [--n 4194304] [--repeats 7] [--json OUT]``.
 
-All three are measured in the same run on the same inputs (best of ``--repeats``), because
-these machines are noisy; only the ratios are meaningful. Two input sets: ``normal``
-(standard normal float32, like activations and weights) and ``bits`` (uniform float32 bit
-patterns: every exponent, subnormals, inf and NaN equally likely per binade).
-Goals (issue 2): JAX >= 1.5x ml_dtypes, numpy >= 0.3x.
+All are measured in the same run on the same inputs (best of ``--repeats``), because these
+machines are noisy; only the ratios are meaningful. Two input sets: ``normal`` (standard
+normal float32, like activations and weights) and ``bits`` (uniform float32 bit patterns:
+every exponent, subnormals, inf and NaN equally likely per binade). ``compiled`` is
+``fpsim.encode(x, fmt)`` with the default backend where numba is installed (the loop of
+:mod:`fpsim._compiled.measure` on all cores); ``copy`` is ``np.copyto`` of the input into a
+preallocated array (how close to the memory limit). Goals: issue 2: JAX >= 1.5x ml_dtypes,
+numpy >= 0.3x; issue 19: compiled >= 2x ml_dtypes for the FP8 formats.
 """
 
 from __future__ import annotations
@@ -57,31 +61,41 @@ def main() -> None:
     }
     rows = []
     print(
-        f"{'format':15s} {'input':6s} {'ml_dtypes M/s':>13s} {'numpy M/s':>10s} {'ratio':>6s} "
-        f"{'jax M/s':>9s} {'ratio':>6s}  same codes"
+        f"{'format':15s} {'input':6s} {'ml_dtypes M/s':>13s} {'compiled M/s':>12s} {'ratio':>6s} "
+        f"{'vs copy':>7s} {'numpy M/s':>10s} {'ratio':>6s} {'jax M/s':>9s} {'ratio':>6s}  same codes"
     )
     for name, dtype in FORMATS.items():
         jitted = jax.jit(lambda a, name=name: fpsim.encode(a, name))
         for kind, x in inputs.items():
             xj = jnp.asarray(x)
             t_ml = best(lambda x=x, dtype=dtype: x.astype(dtype), args.repeats)
-            t_np = best(lambda x=x, name=name: fpsim.encode(x, name), args.repeats)
+            t_np = best(lambda x=x, name=name: fpsim.encode(x, name, backend="numpy"), args.repeats)
+            t_c = best(lambda x=x, name=name: fpsim.encode(x, name, backend="compiled"), args.repeats)
+            dst = np.empty_like(x)
+            t_cp = best(lambda x=x, dst=dst: np.copyto(dst, x), args.repeats)
             t_jx = best(lambda f=jitted, xj=xj: f(xj), args.repeats)
-            same = bool(np.array_equal(np.asarray(jitted(xj)), fpsim.encode(x, name)))
+            ref = fpsim.encode(x, name, backend="numpy")
+            same = bool(np.array_equal(np.asarray(jitted(xj)), ref)) and bool(
+                np.array_equal(fpsim.encode(x, name, backend="compiled"), ref)
+            )
             row = {
                 "format": name,
                 "input": kind,
                 "n": args.n,
                 "ml_dtypes_Mps": args.n / t_ml / 1e6,
                 "numpy_Mps": args.n / t_np / 1e6,
+                "compiled_Mps": args.n / t_c / 1e6,
+                "compiled_ratio": t_ml / t_c,
+                "compiled_vs_copy": t_cp / t_c,
                 "jax_Mps": args.n / t_jx / 1e6,
                 "numpy_ratio": t_ml / t_np,
                 "jax_ratio": t_ml / t_jx,
-                "jax_equals_numpy": same,
+                "all_equal": same,
             }
             rows.append(row)
             print(
-                f"{name:15s} {kind:6s} {row['ml_dtypes_Mps']:13.0f} {row['numpy_Mps']:10.0f} "
+                f"{name:15s} {kind:6s} {row['ml_dtypes_Mps']:13.0f} {row['compiled_Mps']:12.0f} "
+                f"{row['compiled_ratio']:5.2f}x {row['compiled_vs_copy']:6.2f}x {row['numpy_Mps']:10.0f} "
                 f"{row['numpy_ratio']:5.2f}x {row['jax_Mps']:9.0f} {row['jax_ratio']:5.2f}x  {same}"
             )
     if args.json:

@@ -18,7 +18,7 @@ import numpy as np
 
 from .kinds import StateKind
 
-__all__ = ["Backend", "StateKind", "available", "flat32", "load"]
+__all__ = ["Backend", "StateKind", "available", "flat32", "load", "load_measure"]
 
 
 @functools.cache
@@ -67,6 +67,13 @@ class Backend(enum.Enum):
 def load() -> ModuleType:
     """The module of compiled loops (imports numba; compiled code is cached on disk)."""
     from . import loops as mod
+
+    return mod
+
+
+def load_measure() -> ModuleType:
+    """The module of compiled analysis and encode loops, :mod:`fpsim._compiled.measure`."""
+    from . import measure as mod
 
     return mod
 

@@ -1,10 +1,17 @@
-"""The kinds of 8-bit state the block loops store (free of numba: the replay imports it)."""
+"""The kinds of 8-bit state the block loops store, and the layout of exact sums in bins (free
+of numba: the replay and the analysis import them)."""
 
 from __future__ import annotations
 
 import enum
 
-__all__ = ["StateKind"]
+__all__ = ["KMIN", "NBINS", "StateKind"]
+
+KMIN = -2200
+"""Exponent of bin 0 of an exact sum in integer bins (:mod:`fpsim._compiled.measure`,
+:mod:`fpsim.analysis.partials`): the smallest square of a float64 term lies above 2**-2200."""
+NBINS = 4608
+"""Bins of an exact sum: up to 2**2407, room for the squares of float64 values and the carries."""
 
 
 class StateKind(enum.IntEnum):

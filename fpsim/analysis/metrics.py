@@ -8,10 +8,10 @@ merge with ``+`` (:mod:`fpsim.analysis.partials`), so a tensor can be measured i
 streamed and reduced across workers.
 
 Reproducibility: a tensor is always cut into the same *canonical chunks* (a function of its
-shape and the recipe only, see :func:`chunk_slices`). Inside a chunk float sums are numpy's
-pairwise float64 sums; across chunks they are added exactly (as rationals). So streaming,
-processing whole, and any merge order across processes give bit-identical results; counts
-are exact integers.
+shape and the recipe only, see :func:`chunk_slices`). Float sums are exact sums of float64
+terms (:mod:`fpsim.analysis.partials`), counts exact integers, maxima order-free, so streaming,
+processing whole, any merge order across threads and processes, and both tiers (numpy, and
+the compiled one of :mod:`fpsim.analysis.compiled`) give bit-identical results.
 
 Definitions (per element, ``x`` the input, ``q`` the value the format stores):
     nonzero: ``x`` finite and != 0. underflow: nonzero and ``q == 0``.
@@ -19,7 +19,8 @@ Definitions (per element, ``x`` the input, ``q`` the value the format stores):
         smallest normal (in the scaled domain for block formats; 0 for integer/codebook
         elements). overflow: ``x`` finite and ``q`` inf or NaN.
     saturated: ``x`` finite, the element code is +-max and ``|x| > |q|`` (clamped).
-    sum_sq_err: sum of ``(q - x)**2`` over finite ``x`` with finite ``q`` (float64 terms).
+    sum_sq_err: sum of ``(q - x)**2`` over finite ``x`` with finite ``q`` (the difference in
+        float64, its square a term of :mod:`fpsim.analysis.partials`).
     sum_sq_signal: sum of ``x**2`` over finite ``x``. underflow_energy: over underflow.
     hist: counts of float32 exponent fields of nonzero finite ``x`` (bin e: 2**(e-127) <=
         |x| < 2**(e-126); bin 0 holds float32 subnormals).
@@ -29,16 +30,15 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterator
-from fractions import Fraction
 from typing import Any
 
 import numpy as np
 
 from .._compiled import Backend
 from ..emulate import blocks, element
-from ..emulate.random import random_bits_at
+from ..emulate.random import random_bits_at, shifted_seed
 from ..formats import AnyFormat, BlockFormat, Codebook, Format, IntFormat, RoundMode, ScaleRule, get_format
-from .partials import Partial, SwampPartial
+from .partials import Partial, SwampPartial, exact_sum
 
 __all__ = [
     "chunk_view",
@@ -49,8 +49,11 @@ __all__ = [
     "measure",
     "measure_chunk",
     "measure_swamping",
+    "not_covered",
+    "swamping_chunk",
     "measure_tensor",
     "tally_chunk",
+    "tally_jobs",
     "swamping_partial",
     "chunk_slices",
     "iter_chunks",
@@ -98,6 +101,22 @@ def _slices(shape: tuple[int, ...], fmt: AnyKind) -> list[tuple[int, int]]:
             unit = math.prod(shape[1:]) if len(shape) > k else n  # whole leading slices
     step = max(unit, CHUNK // unit * unit) if unit else n
     return [(i, min(i + step, n)) for i in range(0, n, step)]
+
+
+def not_covered(shape: tuple[int, ...], fmt: AnyKind) -> str | None:
+    """Why the recipe ``fmt`` does not apply to a tensor of ``shape`` (blocks over more axes
+    than it has, as a 2-D tile over a bias or any block over a 0-d tensor; blocks that do not
+    divide it where the recipe has no padding), or None where it does (element formats
+    always do). The analysis leaves such a tensor out for that recipe and reports it, as
+    Transformer Engine leaves non-GEMM tensors in high precision."""
+    if not isinstance(fmt, BlockFormat):
+        return None
+    try:
+        _slices(shape, fmt)
+        blocks.block_geometry(shape, fmt)
+    except ValueError as err:
+        return str(err)
+    return None
 
 
 def chunk_view(flat: np.ndarray, shape: tuple[int, ...], start: int, stop: int, fmt: Any) -> np.ndarray:
@@ -235,23 +254,60 @@ def tally_chunk(
     with_hist: bool = False,
 ) -> Partial:
     """:func:`measure_chunk` with the format, rounding mode and backend resolved."""
+    job = (fmt, mode, with_hist)
+    return tally_jobs(
+        x, [job], backend, offset=offset, seed=seed, saturate=saturate, tensor_amax=tensor_amax
+    )[0]
+
+
+def tally_jobs(
+    x: np.ndarray,
+    jobs: list[tuple[AnyKind, RoundMode, bool]],
+    backend: Backend,
+    *,
+    offset: int = 0,
+    seed: int = 0,
+    saturate: bool = False,
+    tensor_amax: float | None = None,
+) -> list[Partial]:
+    """The partials of one chunk under several (format, mode, with_hist) jobs: the chunk is
+    converted once and, on :attr:`Backend.COMPILED`, its format-independent tallies are
+    computed once (:func:`fpsim.analysis.compiled.inputs`) and each job is one compiled
+    pass. ``x`` is shaped as the jobs' recipes need it (:func:`chunk_view`); ``tensor_amax``
+    goes to the jobs that need it (:func:`needs_tensor_amax`)."""
     x = np.asarray(x)
     if x.dtype.kind != "f" and not element.is_ml_float(x.dtype):
         raise TypeError(f"cannot measure a tensor of dtype {x.dtype}: not a float type")
     xf = x.astype(np.float64 if x.dtype == np.float64 else np.float32, copy=False)
-    rand = None
-    if mode is RoundMode.STOCHASTIC:
-        rand = random_bits_at(seed, offset, xf.size).reshape(xf.shape)
-    if isinstance(fmt, BlockFormat):
-        enc = blocks.encode_array(
-            element.as_float32(xf), fmt, mode, backend, rand=rand, tensor_amax=tensor_amax
-        )
-        q = blocks.decode_array(enc, fmt, backend)
-        codes, el = enc.codes, fmt.element
-    else:
-        codes = element.encode_array(xf, fmt, mode, saturate=saturate, rand=rand)
-        q, el = element.decode_array(codes, fmt), fmt
-    return _tally(xf.reshape(-1), q.reshape(-1), np.asarray(codes).reshape(-1), el, with_hist)
+    compiled = backend is Backend.COMPILED and xf.size > 0
+    inp = None
+    if compiled:
+        from . import compiled as fast
+
+        inp = fast.inputs(xf, any(h for _, _, h in jobs))
+    out = []
+    for fmt, mode, with_hist in jobs:
+        if compiled and not isinstance(fmt, BlockFormat):
+            kw = {"offset": offset, "seed": seed, "saturate": saturate, "with_hist": with_hist}
+            out.append(fast.element_partial(xf, fmt, mode, inp, **kw))
+            continue
+        rand = None
+        if mode is RoundMode.STOCHASTIC:
+            rand = random_bits_at(seed, offset, xf.size).reshape(xf.shape)
+        if isinstance(fmt, BlockFormat):
+            amax = tensor_amax if needs_tensor_amax(fmt) else None
+            enc = blocks.encode_array(element.as_float32(xf), fmt, mode, backend, rand=rand, tensor_amax=amax)
+            q = blocks.decode_array(enc, fmt, backend)
+            codes, el = enc.codes, fmt.element
+        else:
+            codes = element.encode_array(xf, fmt, mode, saturate=saturate, rand=rand)
+            q, el = element.decode_array(codes, fmt), fmt
+        codes = np.asarray(codes).reshape(-1)
+        if compiled:
+            out.append(fast.value_partial(xf, q, *element_flags(codes, el), inp, with_hist))
+        else:
+            out.append(_tally(xf.reshape(-1), q.reshape(-1), codes, el, with_hist))
+    return out
 
 
 _SUB = 1 << 16  # elements per sub-block: temporaries stay in cache
@@ -260,12 +316,12 @@ _SUB = 1 << 16  # elements per sub-block: temporaries stay in cache
 def _tally(x: np.ndarray, q: np.ndarray, codes: np.ndarray, el: Any, with_hist: bool) -> Partial:
     """Counts and sums of one chunk, worked through in cache-sized sub-blocks.
 
-    Float sums: float64 pairwise sums per sub-block, added in order, then kept exactly.
+    Float sums: exact (:func:`fpsim.analysis.partials.exact_sum` of the float64 terms).
     """
     p = Partial(elements=x.size)
     at_max_all, sub_all = element_flags(codes, el)
     counts = np.zeros(7, np.int64)  # nan, finite, nonzero, overflow, underflow, subnormal, saturated
-    s_err = s_sig = s_under = 0.0
+    s_err = s_sig = s_under = exact_sum(np.zeros(0))
     m_err = m_rel = m_in = 0.0
     hist = np.zeros(256, np.int64)
     with np.errstate(invalid="ignore", over="ignore", divide="ignore"):
@@ -292,11 +348,10 @@ def _tally(x: np.ndarray, q: np.ndarray, codes: np.ndarray, el: Any, with_hist: 
             err = qs - x64  # exact: the difference of two float32 values fits float64 here
             if not ok.all():
                 err = np.where(ok, err, 0.0)
-            s_err += float(np.sum(err * err))
-            s_sig += float(np.sum(x64 * x64))
+            s_err += exact_sum(err, square=True)
+            s_sig += exact_sum(x64, square=True)
             if nu:
-                u = x64[under]
-                s_under += float(np.sum(u * u))
+                s_under += exact_sum(x64[under], square=True)
             aerr = np.abs(err)
             m_err = max(m_err, float(aerr.max(initial=0)))
             m_in = max(m_in, float(np.abs(x64).max(initial=0)))
@@ -309,7 +364,7 @@ def _tally(x: np.ndarray, q: np.ndarray, codes: np.ndarray, el: Any, with_hist: 
     p.nan_in = int(counts[0])
     p.inf_in = x.size - p.nan_in - int(counts[1])
     p.nonzero, p.overflow, p.underflow, p.subnormal, p.saturated = (int(c) for c in counts[2:])
-    p.sum_sq_err, p.sum_sq_signal, p.underflow_energy = Fraction(s_err), Fraction(s_sig), Fraction(s_under)
+    p.sum_sq_err, p.sum_sq_signal, p.underflow_energy = s_err, s_sig, s_under
     p.max_abs_err, p.max_rel_err, p.max_abs_in = m_err, m_rel, m_in
     p.hist = hist
     return p
@@ -372,7 +427,8 @@ def swamping_partial(
         t = _quantize(np.asarray(theta[start : start + CHUNK], np.float32), fmt, RoundMode.NEAREST_EVEN)
         d = np.asarray(delta[start : start + CHUNK], np.float32)
         if scale is not None:
-            d = np.float32(scale) * d
+            with np.errstate(over="ignore", invalid="ignore"):
+                d = np.float32(scale) * d
         rand = random_bits_at(seed, start, t.size) if mode is RoundMode.STOCHASTIC else None
         with np.errstate(invalid="ignore", over="ignore"):
             new = _quantize(t.astype(np.float64) + d, fmt, mode, rand)
@@ -381,10 +437,37 @@ def swamping_partial(
             total = total + SwampPartial(
                 updates=int(np.count_nonzero(upd)),
                 lost=int(np.count_nonzero(upd & (new == t))),
-                sum_abs_intended=Fraction(float(np.sum(np.where(upd, np.abs(d), 0).astype(np.float64)))),
-                sum_abs_realised=Fraction(float(np.sum(np.abs(realised)))),
+                sum_abs_intended=exact_sum(np.where(upd, d, 0)),
+                sum_abs_realised=exact_sum(realised),
             )
     return total
+
+
+def swamping_chunk(
+    theta: np.ndarray,
+    grad: np.ndarray,
+    fmt: AnyFormat,
+    backend: Backend,
+    *,
+    seed: int,
+    scale: float,
+    offset: int,
+) -> tuple[SwampPartial, SwampPartial]:
+    """The swamping partials, nearest-even then stochastic, of one chunk of at most
+    :data:`CHUNK` elements starting at flat index ``offset`` (the update ``float32(scale *
+    grad)``): what :func:`swamping_partial` gives for that chunk, the random words those of the
+    chunk's place in the tensor; on :attr:`Backend.COMPILED` both modes in one compiled pass."""
+    if theta.size > CHUNK:
+        raise ValueError(f"a swamping chunk holds at most {CHUNK} elements, got {theta.size}")
+    if backend is Backend.COMPILED and theta.size:
+        from .compiled import swamp_partials
+
+        return swamp_partials(theta, grad, fmt, scale=scale, seed=seed, offset=offset)
+    s = shifted_seed(seed, offset)
+    return tuple(
+        swamping_partial(theta, grad, fmt, m, seed=s, scale=scale)
+        for m in (RoundMode.NEAREST_EVEN, RoundMode.STOCHASTIC)
+    )
 
 
 def _quantize(x: np.ndarray, fmt: AnyFormat, mode: RoundMode, rand: np.ndarray | None = None) -> np.ndarray:

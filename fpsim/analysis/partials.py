@@ -1,9 +1,17 @@
 """The mergeable partial results of the analysis: :class:`Partial` and :class:`SwampPartial`.
 
-Counts are exact integers; float sums are kept as exact rationals (``Fraction``), so partials
-of canonical chunks merge with ``+`` in any order, across processes, to the same answer (the
-mergeable partials of the README's Architecture section). :mod:`fpsim.analysis.metrics`
-computes them.
+Counts are exact integers; float sums are exact sums of float64 terms kept as rationals
+(``Fraction``), so partials merge with ``+`` in any order, across processes, to the same
+answer (the mergeable partials of the README's Architecture section), and the numpy tier and
+the compiled loops agree bit for bit. :mod:`fpsim.analysis.metrics` computes them.
+
+A term is a float64 value ``|v|``, or a square ``v**2`` rounded to 53 bits with an unbounded
+exponent (``frexp(v) = (f, e)``, the term ``fl(f * f) * 2**(2 e)``: the float64 product
+wherever that is finite and normal, and still exact for squares beyond float64's range), so
+every finite float64 has its term. :func:`exact_sum` adds terms on numpy (integer bins by
+exponent, filled by ``bincount`` in two 26/27-bit halves so that every float64 partial sum is
+an exact integer); the compiled loops fill the same bins (:mod:`fpsim._compiled.measure`) and
+:func:`exact_from_bins` reads them.
 """
 
 from __future__ import annotations
@@ -15,11 +23,63 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["Partial", "SwampPartial"]
+from .._compiled.kinds import KMIN, NBINS
+
+__all__ = ["Partial", "SwampPartial", "as_float", "exact_from_bins", "exact_sum"]
+
+_SCALE = 1 << -KMIN
+_PIECE = 1 << 24  # terms per bincount: 2**24 halves of 2**27 sum exactly in float64
 
 
 def _zero() -> Fraction:
     return Fraction(0)
+
+
+def exact_from_bins(bins: np.ndarray) -> Fraction:
+    """The exact value of integer bins (bin ``i`` counts units of ``2**(i + KMIN)``)."""
+    total = 0
+    for i in np.flatnonzero(bins):
+        total += int(bins[i]) << int(i)
+    return Fraction(total, _SCALE) if total else Fraction(0)
+
+
+def exact_sum(v: np.ndarray, square: bool = False) -> Fraction:
+    """The exact sum of the terms of ``v`` (finite float64; see the module doc): ``|v|``, or
+    with ``square`` the squares rounded to 53 bits with an unbounded exponent.
+
+    Tested against ``Fraction`` arithmetic and against the compiled loops' bins.
+    """
+    a = np.abs(np.asarray(v, np.float64).reshape(-1))
+    a = a[a != 0]
+    if not a.size:
+        return Fraction(0)
+    f, e = np.frexp(a)
+    e = e.astype(np.int64)
+    if square:
+        f, e2 = np.frexp(f * f)
+        e = e2 + 2 * e
+    m = np.ldexp(f, 53).astype(np.int64)
+    k = e - 53 - KMIN
+    total = Fraction(0)
+    for i in range(0, a.size, _PIECE):
+        kk, mm = k[i : i + _PIECE], m[i : i + _PIECE]
+        hi = np.bincount(kk, (mm >> 26).astype(np.float64), NBINS).astype(np.int64)
+        lo = np.bincount(kk, (mm & ((1 << 26) - 1)).astype(np.float64), NBINS).astype(np.int64)
+        total += exact_from_bins(hi) * (1 << 26) + exact_from_bins(lo)
+    return total
+
+
+def as_float(v: Fraction | float) -> float:
+    """``float(v)``, inf (with v's sign) where ``v`` is beyond float64's range."""
+    try:
+        return float(v)
+    except OverflowError:
+        return math.inf if v > 0 else -math.inf
+
+
+def _log10(v: Fraction) -> float:
+    """log10 of a positive rational of any size."""
+    return math.log10(v.numerator) - math.log10(v.denominator)
 
 
 @dataclass
@@ -56,17 +116,19 @@ class Partial:
             return math.inf
         if self.sum_sq_signal == 0:
             return -math.inf
-        return 10 * math.log10(self.sum_sq_signal / self.sum_sq_err)
+        return 10 * (_log10(Fraction(self.sum_sq_signal)) - _log10(Fraction(self.sum_sq_err)))
 
     @property
     def rel_l2_error(self) -> float:
         """``||q - x|| / ||x||`` over the finite elements (0 for an all-zero tensor)."""
-        return math.sqrt(self.sum_sq_err / self.sum_sq_signal) if self.sum_sq_signal else 0.0
+        return (
+            math.sqrt(as_float(Fraction(self.sum_sq_err) / self.sum_sq_signal)) if self.sum_sq_signal else 0.0
+        )
 
     @property
     def underflow_energy_share(self) -> float:
         """Share of the squared norm carried by the elements that underflowed."""
-        return float(self.underflow_energy / self.sum_sq_signal) if self.sum_sq_signal else 0.0
+        return as_float(Fraction(self.underflow_energy) / self.sum_sq_signal) if self.sum_sq_signal else 0.0
 
     def totals(self) -> dict[str, Any]:
         """Counts, sums (as floats) and the derived metrics, without the histogram."""
@@ -74,7 +136,7 @@ class Partial:
         for f in fields(self):
             if f.name != "hist":
                 v = getattr(self, f.name)
-                out[f.name] = float(v) if isinstance(v, Fraction) else v
+                out[f.name] = as_float(v) if isinstance(v, Fraction) else v
         out.update(
             sqnr_db=self.sqnr_db,
             rel_l2_error=self.rel_l2_error,
@@ -103,7 +165,9 @@ class SwampPartial:
     @property
     def update_ratio(self) -> float:
         """``sum |realised update| / sum |intended update|`` (1 when nothing is lost)."""
-        return float(self.sum_abs_realised / self.sum_abs_intended) if self.sum_abs_intended else 1.0
+        if not self.sum_abs_intended:
+            return 1.0
+        return as_float(Fraction(self.sum_abs_realised) / self.sum_abs_intended)
 
     def totals(self) -> dict[str, Any]:
         return {

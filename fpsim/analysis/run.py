@@ -16,9 +16,21 @@ from typing import Any
 import numpy as np
 
 from .._compiled import Backend
+from ..emulate.element import pool
 from ..formats import BlockFormat, Format, IntFormat, RoundMode, get_format
 from ..trace import as_trace, json_safe
-from .metrics import Partial, SwampPartial, measure_tensor, swamping_partial
+from .metrics import (
+    CHUNK,
+    Partial,
+    SwampPartial,
+    chunk_slices,
+    chunk_view,
+    needs_tensor_amax,
+    not_covered,
+    swamping_chunk,
+    tally_jobs,
+    tensor_amax,
+)
 
 __all__ = [
     "Analysis",
@@ -28,6 +40,7 @@ __all__ = [
     "SWAMP_MODES",
     "resolve_formats",
     "select_entries",
+    "skip_reason",
     "tensor_seed",
 ]
 
@@ -50,11 +63,17 @@ SWAMP_MODES = (RoundMode.NEAREST_EVEN, RoundMode.STOCHASTIC)
 """The rounding modes :func:`analyze` measures swamping with, in this order."""
 
 Key = tuple[int, str, str, str, str]  # step, role, tensor, format, rounding
+SkipKey = tuple[int, str, str, str]  # step, role, tensor, format
 
 
 @dataclass
 class Analysis:
-    """Partial metrics of a trace, keyed by (step, role, tensor, format, rounding)."""
+    """Partial metrics of a trace, keyed by (step, role, tensor, format, rounding).
+
+    ``skipped`` holds, per (step, role, tensor, recipe), the tensor's element count and why
+    the recipe does not apply to its shape (:func:`fpsim.analysis.metrics.not_covered`):
+    those elements are in no partial of that recipe, and the tables and the summary say so.
+    """
 
     trace: str
     formats: list[str]
@@ -63,6 +82,7 @@ class Analysis:
     swamping: dict[Key, SwampPartial] = field(default_factory=dict)
     hist: dict[tuple[int, str, str], np.ndarray] = field(default_factory=dict)
     shapes: dict[tuple[int, str, str], tuple[int, ...]] = field(default_factory=dict)
+    skipped: dict[SkipKey, tuple[int, str]] = field(default_factory=dict)
 
     def merge(self, other: Analysis) -> Analysis:
         """Combine two analyses of disjoint (or identical-key, to be summed) parts."""
@@ -74,6 +94,7 @@ class Analysis:
                 merged[k] = merged[k] + v if k in merged else v
             setattr(out, name, merged)
         out.shapes = {**self.shapes, **other.shapes}
+        out.skipped = {**self.skipped, **other.skipped}
         return out
 
     def table(self):
@@ -87,6 +108,9 @@ class Analysis:
         for (step, role, tensor, fmt, rnd), sp in sorted(self.swamping.items()):
             for metric, value in sp.totals().items():
                 rows.append((step, role, tensor, fmt, rnd, f"swamping_{metric}", value))
+        for (step, role, tensor, fmt), (n, _) in sorted(self.skipped.items()):
+            for rnd in self.roundings:
+                rows.append((step, role, tensor, fmt, rnd, "elements_not_covered", n))
         cols = ["step", "role", "tensor", "format", "rounding", "metric", "value"]
         return pd.DataFrame(rows, columns=cols)
 
@@ -107,17 +131,32 @@ class Analysis:
         """JSON-ready summary: one entry per format/recipe and rounding under ``results``."""
         totals, swamp = self.totals(), self.swamping_totals()
         results = []
+        not_covered = {}
+        for (_, _, _, fmt), (n, _) in self.skipped.items():
+            not_covered[fmt] = not_covered.get(fmt, 0) + n
         for fmt in self.formats:
             for rnd in self.roundings:
-                if (fmt, rnd) not in totals:
+                if (fmt, rnd) not in totals and fmt not in not_covered:
                     continue
-                entry = {"format": fmt, "rounding": rnd, **json_safe(totals[fmt, rnd].totals())}
+                measured = totals.get((fmt, rnd), Partial()).totals()
+                entry = {"format": fmt, "rounding": rnd, **json_safe(measured)}
+                entry["elements_not_covered"] = not_covered.get(fmt, 0)
                 for srnd in sorted({r for f, r in swamp if f == fmt}):
                     entry[f"swamping_{srnd}"] = json_safe(swamp[fmt, srnd].totals())
                 results.append(entry)
-        steps = sorted({k[0] for k in self.results})
-        tensors = sorted({(k[1], k[2]) for k in self.results})
-        return {"trace": self.trace, "steps": len(steps), "tensors": len(tensors), "results": results}
+        steps = sorted({k[0] for k in self.shapes})
+        tensors = sorted({(k[1], k[2]) for k in self.shapes})
+        skipped = [
+            {"step": st, "role": ro, "tensor": te, "format": fmt, "elements": n, "reason": why}
+            for (st, ro, te, fmt), (n, why) in sorted(self.skipped.items())
+        ]
+        return {
+            "trace": self.trace,
+            "steps": len(steps),
+            "tensors": len(tensors),
+            "results": results,
+            "not_covered": skipped,
+        }
 
     def summary_table(self):
         """:meth:`summary` as a pandas DataFrame: one row per format/recipe and rounding, the
@@ -210,8 +249,9 @@ def analyze(
         seed: base seed of stochastic rounding.
         progress: show a progress bar (tqdm.auto: terminal or notebook).
         backend: where the hot loops run (:class:`~fpsim.Backend` or ``"auto"``,
-            ``"numpy"``, ``"compiled"``): the block recipes with a compiled loop (the
-            nearest-entry codebooks) use it; the partials are the same on every backend.
+            ``"numpy"``, ``"compiled"``): compiled, each chunk is encoded, decoded and
+            tallied in one pass per format (:mod:`fpsim.analysis.compiled`), chunks run on
+            all cores; the partials are the same on every backend, bit for bit.
 
     Raises:
         fpsim.trace.TraceError: for missing, truncated or inconsistent trace files.
@@ -236,7 +276,7 @@ def analyze(
         e_seed = tensor_seed(seed, e.step, e.role, e.name)
         _measure_entry(e, x, fmts, modes, backend, e_seed, bar.update, out)
         if swamping and e.role == "grad":
-            _swamping(tr, e, x, fmts, e_seed, out)
+            _swamping(tr, e, x, fmts, e_seed, backend, out)
     bar.close()
     return out
 
@@ -315,6 +355,19 @@ def tensor_seed(seed: int, step: int, role: str, name: str) -> int:
     return seed ^ zlib.crc32(f"{step}:{role}:{name}".encode())
 
 
+def skip_reason(e: Any, why: str) -> str:
+    """The reason a recipe skips tensor entry ``e``, naming the tensor."""
+    return f"{e.role} {e.name!r} (step {e.step}, shape {tuple(e.shape)}): {why}"
+
+
+def _map(backend: Backend, fn: Any, items: list) -> list:
+    """``[fn(i) for i in items]``, on the thread pool of the compiled loops (which release the
+    GIL) where ``backend`` is compiled; results in the items' order either way."""
+    if backend is Backend.COMPILED and len(items) > 1:
+        return list(pool().map(fn, items))
+    return [fn(i) for i in items]
+
+
 def _measure_entry(
     e: Any,
     x: np.ndarray,
@@ -326,20 +379,50 @@ def _measure_entry(
     out: Analysis,
 ) -> None:
     """The partials of one tensor under every format and mode, into ``out`` (the histogram
-    with the first)."""
+    with the first), recipes that do not apply to its shape into ``out.skipped``.
+
+    Formats cut alike (all element formats, flattened recipes) share each chunk: it is read
+    once and measured under each of them; chunks run on the thread pool (compiled backend).
+    """
     key = (e.step, e.role, e.name)
-    out.shapes[key] = tuple(e.shape)
-    first = True
-    for f in fmts:
-        for m in modes:
-            p = measure_tensor(x, f, m, backend, seed=seed, with_hist=first, progress=progress)
-            if first:
-                out.hist[key] = p.hist
-                first = False
-            out.results[(*key, f.name, m.value)] = p
+    shape, flat = tuple(x.shape), x.reshape(-1)
+    out.shapes[key] = shape
+    groups: dict[tuple, list[int]] = {}  # chunk slices -> positions in fmts
+    for i, f in enumerate(fmts):
+        why = not_covered(shape, f)
+        if why is not None:
+            out.skipped[(*key, f.name)] = (x.size, skip_reason(e, why))
+            continue
+        slices = tuple(chunk_slices(shape, f))
+        view = chunk_view(flat, shape, *slices[0], f).shape[1:] if slices else ()  # rows or flat
+        groups.setdefault((slices, view), []).append(i)
+    measured = sorted(i for g in groups.values() for i in g)
+    if not measured:
+        return
+    amax = tensor_amax(flat) if any(needs_tensor_amax(fmts[i]) for i in measured) else None
+    found: dict[tuple[int, int], Partial] = {}  # (format position, mode position)
+    for (slices, _), group in groups.items():
+        jobs = [(i, mi) for i in group for mi in range(len(modes))]
+
+        def task(sl: tuple[int, int], jobs: list = jobs) -> list[Partial]:
+            start, stop = sl
+            part = chunk_view(flat, shape, start, stop, fmts[jobs[0][0]])  # one view per group
+            todo = [(fmts[i], modes[mi], (i, mi) == (measured[0], 0)) for i, mi in jobs]
+            return tally_jobs(part, todo, backend, offset=start, seed=seed, tensor_amax=amax)
+
+        for (start, stop), parts in zip(slices, _map(backend, task, list(slices))):
+            for k, p in zip(jobs, parts):
+                found[k] = found[k] + p if k in found else p
+            progress((stop - start) * len(jobs))
+    for i in measured:
+        for mi, m in enumerate(modes):
+            out.results[(*key, fmts[i].name, m.value)] = found.get((i, mi), Partial())
+    out.hist[key] = found.get((measured[0], 0), Partial()).hist
 
 
-def _swamping(tr: Any, e: Any, grad: np.ndarray, fmts: list, seed: int, out: Analysis) -> None:
+def _swamping(
+    tr: Any, e: Any, grad: np.ndarray, fmts: list, seed: int, backend: Backend, out: Analysis
+) -> None:
     lr = tr.lr(e.step)
     params = [p for p in tr.entries(step=e.step, role="param") if p.name == e.name]
     if lr is None or not params:
@@ -350,9 +433,24 @@ def _swamping(tr: Any, e: Any, grad: np.ndarray, fmts: list, seed: int, out: Ana
             f"{params[0].file}: param {e.name!r} has shape {tuple(theta.shape)}, "
             f"its gradient {tuple(grad.shape)}"
         )
-    for f in fmts:
-        if isinstance(f, Format):
-            for m in SWAMP_MODES:
-                out.swamping[(e.step, "param", e.name, f.name, m.value)] = swamping_partial(
-                    theta, grad, f, m, seed=seed, scale=-lr
-                )
+    elems = list({f.name: f for f in fmts if isinstance(f, Format)}.values())  # each name once
+    if not elems:
+        return
+    t_flat, g_flat = theta.reshape(-1), grad.reshape(-1)
+
+    def task(start: int) -> list[tuple[SwampPartial, SwampPartial]]:
+        t = np.asarray(t_flat[start : start + CHUNK], np.float32)
+        g = np.asarray(g_flat[start : start + CHUNK], np.float32)
+        return [swamping_chunk(t, g, f, backend, seed=seed, scale=-lr, offset=start) for f in elems]
+
+    total: dict[tuple[str, str], SwampPartial] = {}
+    for parts in _map(backend, task, list(range(0, t_flat.size, CHUNK))):
+        for f, pair in zip(elems, parts):
+            for m, sp in zip(SWAMP_MODES, pair):
+                k = (f.name, m.value)
+                total[k] = total[k] + sp if k in total else sp
+    for f in elems:
+        for m in SWAMP_MODES:
+            out.swamping[(e.step, "param", e.name, f.name, m.value)] = total.get(
+                (f.name, m.value), SwampPartial()
+            )

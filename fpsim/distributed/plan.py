@@ -16,8 +16,8 @@ from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from ..analysis.metrics import CHUNK, Partial, SwampPartial, chunk_slices, needs_tensor_amax
-from ..analysis.run import SWAMP_MODES, Analysis, resolve_formats, select_entries, tensor_seed
+from ..analysis.metrics import CHUNK, Partial, SwampPartial, chunk_slices, needs_tensor_amax, not_covered
+from ..analysis.run import SWAMP_MODES, Analysis, resolve_formats, select_entries, skip_reason, tensor_seed
 from ..formats import Format, RoundMode
 from ..trace.remote import TensorLocation, TraceIndex, index_trace
 
@@ -53,8 +53,7 @@ class ChunkTask:
         src: where the tensor lives.
         start: first flat index of the chunk.
         stop: one past the last.
-        jobs: (format, rounding) pairs to measure, as ``format_index * n_modes + mode_index``
-            (pair 0 also fills the histogram).
+        jobs: (format, rounding) pairs to measure, as ``format_index * n_modes + mode_index``.
         amax: None (no job needs the tensor amax), -1 (the chunk is the whole tensor: compute
             it here) or the index of the batch argument holding the reduced amax.
         seed: the tensor's stochastic-rounding seed.
@@ -69,6 +68,8 @@ class ChunkTask:
     amax: int | None
     seed: int
     swamp: SwampTask | None = None
+    hist: int = -1
+    """The job that also fills the histogram (the tensor's first measured pair), or -1."""
 
     @property
     def work(self) -> int:
@@ -112,6 +113,7 @@ class AnalysisPlan:
         for t, ten in enumerate(self.tensors):
             n = ten.entry.size
             groups = self._geometries(ten.entry.shape)
+            hist = self.hist_job(ten.entry.shape)
             two_pass = any(g[1] and (len(sl) > 1 or n > AMAX_PART) for g, (_, sl) in groups.items())
             sw = self.swamp.get(t)
             flat = [(i, min(i + CHUNK, n)) for i in range(0, n, CHUNK)]
@@ -124,7 +126,8 @@ class AnalysisPlan:
                 attached = attached or with_swamp
                 extra = sw if with_swamp else None
                 for start, stop in slices:
-                    tasks.append(ChunkTask(t, ten, start, stop, tuple(jobs), amax, self.seeds[t], extra))
+                    task = ChunkTask(t, ten, start, stop, tuple(jobs), amax, self.seeds[t], extra, hist)
+                    tasks.append(task)
             parts = [(i, min(i + AMAX_PART, n)) for i in range(0, n, AMAX_PART)]
             yield (parts if two_pass else None), ten, tasks
 
@@ -134,6 +137,8 @@ class AnalysisPlan:
         by_fmt: dict[int, list[tuple[int, int]]] = {}
         for j in self.jobs:
             fi = j // len(self.modes)
+            if not_covered(shape, self.fmts[fi]) is not None:
+                continue
             if fi not in by_fmt:
                 by_fmt[fi] = chunk_slices(shape, self.fmts[fi])
             sl = by_fmt[fi]
@@ -142,6 +147,11 @@ class AnalysisPlan:
             jobs.append(j)
             groups[g] = (jobs, sl)
         return groups
+
+    def hist_job(self, shape: tuple[int, ...]) -> int:
+        """The first pair measured on a tensor of ``shape`` (it fills the histogram), or -1."""
+        nm = len(self.modes)
+        return next((j for j in self.jobs if not_covered(shape, self.fmts[j // nm]) is None), -1)
 
     def assemble(
         self, acc: Mapping[tuple[int, int], Partial], sacc: Mapping[tuple[int, int], SwampPartial]
@@ -157,11 +167,16 @@ class AnalysisPlan:
         for t, ten in enumerate(self.tensors):
             e = ten.entry
             key = (e.step, e.role, e.name)
-            out.shapes[key] = tuple(e.shape)
-            if self.jobs:  # analyze keeps a histogram only when it measured something
-                out.hist[key] = acc.get((t, 0), Partial()).hist
+            out.shapes[key] = shape = tuple(e.shape)
+            hist = self.hist_job(shape)
+            if hist >= 0:  # analyze keeps a histogram only when it measured something
+                out.hist[key] = acc.get((t, hist), Partial()).hist
             for j in range(len(self.fmts) * nm):
                 f, m = self.fmts[j // nm], self.modes[j % nm]
+                why = not_covered(shape, f)
+                if why is not None:
+                    out.skipped[(*key, f.name)] = (e.size, skip_reason(e, why))
+                    continue
                 out.results[(*key, f.name, m.value)] = acc.get((t, self.last[f.name, m.value]), Partial())
             if t in self.swamp:
                 for f in self.fmts:

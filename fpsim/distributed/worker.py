@@ -2,8 +2,9 @@
 
 A task reads its chunks itself (:class:`fpsim.trace.remote.RangeReader`) and returns small
 mergeable partials: the measurements of :func:`fpsim.analysis.metrics.measure_chunk` and
-:func:`~fpsim.analysis.metrics.measure_swamping` on exactly the canonical chunks ``analyze``
-measures, with the same stochastic-rounding bits (counter-based on the flat index).
+:func:`~fpsim.analysis.metrics.swamping_chunk` on exactly the canonical chunks ``analyze``
+measures, with the same stochastic-rounding bits (counter-based on the flat index) and the same
+compiled pass where the backend is compiled.
 """
 
 from __future__ import annotations
@@ -15,17 +16,14 @@ import numpy as np
 
 from .._compiled import Backend
 from ..analysis.metrics import (
-    CHUNK,
     Partial,
     SwampPartial,
     chunk_view,
     measure_chunk,
-    measure_swamping,
     needs_tensor_amax,
+    swamping_chunk,
     tensor_amax,
 )
-from ..analysis.run import SWAMP_MODES
-from ..emulate.random import shifted_seed
 from ..formats import RoundMode
 from ..trace.remote import RangeReader, TensorLocation
 from .plan import ChunkTask
@@ -60,10 +58,9 @@ def run_batch(
             if task.swamp is not None:
                 theta = rd.read(task.swamp.param, task.start, task.stop)
                 for fi in task.swamp.formats:
-                    for m in SWAMP_MODES:
-                        swamps.append(
-                            swamp_chunk(theta, x, -task.swamp.lr, fmts[fi], m, task.seed, task.start)
-                        )
+                    swamps.extend(
+                        swamp_chunk(theta, x, -task.swamp.lr, fmts[fi], task.seed, task.start, backend)
+                    )
             out.append((parts, swamps))
     return out
 
@@ -85,24 +82,27 @@ def _measure(
         f, m = fmts[j // len(modes)], modes[j % len(modes)]
         view = chunk_view(x, task.src.entry.shape, 0, x.size, f)
         tamax = amax if needs_tensor_amax(f) else None
-        kw = {"offset": task.start, "seed": task.seed, "tensor_amax": tamax, "with_hist": j == 0}
+        kw = {"offset": task.start, "seed": task.seed, "tensor_amax": tamax, "with_hist": j == task.hist}
         parts.append(measure_chunk(view, f, m, backend=backend, **kw))
     return parts
 
 
 def swamp_chunk(
-    theta: np.ndarray, grad: np.ndarray, scale: float, fmt: Any, mode: RoundMode, seed: int, offset: int
-) -> SwampPartial:
-    """:func:`~fpsim.analysis.metrics.measure_swamping` of one chunk (at most CHUNK elements) at ``offset``.
-
-    The update is ``float32(scale * grad)``, as ``analyze`` forms it (``scale = -lr``).
-    ``measure_swamping`` draws the random bits of flat position ``i`` of its input, so for a
-    chunk starting at ``offset`` the seed is shifted (:func:`fpsim.emulate.random.shifted_seed`)
-    to give the bits of ``offset + i``.
-    """
-    if theta.size > CHUNK:
-        raise ValueError(f"a swamping chunk holds at most {CHUNK} elements, got {theta.size}")
-    return measure_swamping(theta, grad, fmt, mode, seed=shifted_seed(seed, offset), scale=scale)
+    theta: np.ndarray, grad: np.ndarray, scale: float, fmt: Any, seed: int, offset: int, backend: Backend
+) -> tuple[SwampPartial, SwampPartial]:
+    """The swamping partials of one chunk (at most CHUNK elements) at ``offset``, for the
+    modes of :data:`~fpsim.analysis.run.SWAMP_MODES` in order: what ``analyze`` computes there
+    (:func:`~fpsim.analysis.metrics.swamping_chunk`, the update ``float32(scale * grad)``, the
+    random words of the chunk's place in the tensor, both modes in one pass when compiled)."""
+    return swamping_chunk(
+        np.asarray(theta, np.float32),
+        np.asarray(grad, np.float32),
+        fmt,
+        backend,
+        seed=seed,
+        scale=scale,
+        offset=offset,
+    )
 
 
 def amax_part(src: TensorLocation, start: int, stop: int, storage_options: Mapping[str, Any]) -> float:

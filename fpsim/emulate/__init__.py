@@ -38,14 +38,14 @@ def encode(x: Any, fmt: Any, *, backend: Backend | str = "auto", **kwargs: Any) 
     (``ml_dtypes.float8_e4m3fn``, ``torch.bfloat16``, ...: :func:`fpsim.get_format`; a dtype names
     the format, ``saturate`` stays what you pass, so ``torch.float8_e4m3fn`` with
     ``saturate=True`` is torch's cast). ``backend`` (:class:`~fpsim.Backend` or its name) is where
-    the block loops run; element formats have one path (numpy or JAX, after the input). A torch
+    the loops run on numpy input (the same codes on each); JAX input runs under JAX. A torch
     tensor is read on the CPU; the codes are numpy.
     """
     fmt, backend = get_format(fmt), Backend.resolve(backend)
     x = _host(x)[0]
     if isinstance(fmt, BlockFormat):
         return blocks.encode_blocks(x, fmt, backend=backend, **kwargs)
-    return element.encode(x, fmt, **kwargs)
+    return element.encode(x, fmt, backend=backend, **kwargs)
 
 
 def decode(codes: Any, fmt: Any, *, backend: Backend | str = "auto") -> Any:
@@ -67,7 +67,7 @@ def quantize(x: Any, fmt: Any, *, backend: Backend | str = "auto", **kwargs: Any
         x, jax_in = _from_jax(x)
         out = blocks.decode_array(blocks.encode_blocks(x, fmt, backend=backend, **kwargs), fmt, backend)
         return jax_in.numpy.asarray(out) if jax_in else _like(out, like)
-    return _like(element.decode_array(element.encode(x, fmt, **kwargs), fmt), like)
+    return _like(element.decode_array(element.encode(x, fmt, backend=backend, **kwargs), fmt), like)
 
 
 def _from_jax(x: Any) -> tuple[Any, Any]:

@@ -8,12 +8,16 @@ against the numpy path.
 
 from __future__ import annotations
 
+import os
 import sys
+from concurrent.futures import ThreadPoolExecutor
 from functools import cache
 from typing import Any
 
 import numpy as np
 
+from .. import _compiled
+from .._compiled import Backend
 from ..formats import AnyFormat, Encoding, Format, IntFormat, RoundMode, get_format
 from . import _bitcore
 from .random import stochastic_words
@@ -34,6 +38,7 @@ def encode(
     random_bits: Any = None,
     rng: np.random.Generator | int | None = None,
     stochastic_bits: int = 32,
+    backend: Backend | str = "auto",
 ) -> Any:
     """Round ``x`` to ``fmt`` and return the codes.
 
@@ -55,6 +60,11 @@ def encode(
         rng: when ``random_bits`` is None, a ``numpy.random.Generator`` or an int seed
             from which they are drawn.
         stochastic_bits: how many random bits one stochastic rounding uses, 1 to 32.
+        backend: where numpy input is encoded (:class:`~fpsim.Backend` or its name):
+            ``"compiled"`` runs the loop of :mod:`fpsim._compiled.measure` on all cores,
+            ``"numpy"`` the numpy tier; the same codes either way (tested against each other
+            on every format and mode). ``"auto"``: compiled where numba is installed.
+            JAX input always runs under JAX.
 
     Returns:
         Unsigned integer codes of ``x``'s shape (numpy, or JAX for JAX input). NaN gives
@@ -62,11 +72,18 @@ def encode(
         format has one); formats without NaN give +0. Unsigned formats give NaN for
         negatives; E8M0 gives NaN for zero and its smallest value for anything below it.
     """
-    fmt, mode = element_format(fmt), RoundMode.parse(rounding)
+    fmt, mode, backend = element_format(fmt), RoundMode.parse(rounding), Backend.resolve(backend)
     xp, x = as_float_array(x)
     rand = stochastic_words(xp, mode, random_bits, rng, x.shape, stochastic_bits)
     return encode_array(
-        x, fmt, mode, saturate=saturate, subnormals=subnormals, rand=rand, nbits=stochastic_bits
+        x,
+        fmt,
+        mode,
+        saturate=saturate,
+        subnormals=subnormals,
+        rand=rand,
+        nbits=stochastic_bits,
+        backend=backend,
     )
 
 
@@ -79,6 +96,7 @@ def encode_array(
     subnormals: bool = True,
     rand: Any = None,
     nbits: int = 32,
+    backend: Backend = Backend.NUMPY,
 ) -> Any:
     """:func:`encode` of resolved arguments, for the stages that hold objects already.
 
@@ -89,8 +107,11 @@ def encode_array(
         rand: the uint32 words of a stochastic rounding, of ``x``'s shape (checked ones:
             :func:`fpsim.emulate.random.stochastic_words`), else None.
         nbits: random bits per rounding, 1 to 32.
+        backend: :attr:`Backend.COMPILED` runs numpy input through the compiled loop.
     """
     xp = _namespace(x)
+    if xp is np and backend is Backend.COMPILED:
+        return _encode_compiled(x, fmt, mode, saturate, subnormals, rand, nbits)
     if isinstance(fmt, IntFormat):
         if xp is np:
             return _bitcore.encode_int_numpy(x, fmt, mode, saturate, rand, nbits)
@@ -99,6 +120,76 @@ def encode_array(
     if xp is np:
         return _bitcore.encode_float_numpy(x, fmt, mode, saturate, ftz, rand, nbits)
     return _bitcore.encode_float(xp, x, fmt, mode, saturate, ftz, rand, nbits)
+
+
+MODE_CODES = {
+    RoundMode.NEAREST_EVEN: 0,
+    RoundMode.NEAREST_AWAY: 1,
+    RoundMode.TOWARD_ZERO: 2,
+    RoundMode.TOWARD_POSITIVE: 3,
+    RoundMode.TOWARD_NEGATIVE: 4,
+    RoundMode.STOCHASTIC: 5,
+    RoundMode.ODD: 6,
+}
+"""The numbers :mod:`fpsim._compiled.measure` gives the rounding modes (fixed for good)."""
+_ENCODING_CODES = {Encoding.IEEE: 0, Encoding.FN: 1, Encoding.FNUZ: 2, Encoding.FINITE: 3}
+
+PIECE = 1 << 18
+"""Elements per task when the compiled encode runs on the thread pool."""
+
+
+@cache
+def loop_params(fmt: AnyFormat, saturate: bool, ftz: bool) -> tuple[int, ...]:
+    """The parameters of ``fmt`` that the loops of :mod:`fpsim._compiled.measure` take (at its
+    ``P_*`` positions; a tuple, passed by value); ``ftz``: flush subnormal results."""
+    p = np.zeros(21, np.int64)
+    if isinstance(fmt, IntFormat):
+        p[0], p[11], p[12] = 1, fmt.fraction_bits, fmt.bits
+        p[13], p[14], p[15] = saturate or fmt.symmetric, fmt.max_int, fmt.min_int
+        p[5] = fmt.signed
+        return tuple(int(v) for v in p)
+    p[1:5] = fmt.mantissa_bits, fmt.exponent_bits, fmt.min_exponent, fmt.has_zero
+    p[5:8] = fmt.signed, fmt.has_nan, _ENCODING_CODES[fmt.encoding]
+    p[8] = fmt.code_of_max
+    p[9] = fmt.code_of_inf if fmt.code_of_inf is not None else 0
+    p[10] = fmt.code_of_nan if fmt.code_of_nan is not None else 0
+    p[16], p[17], p[18] = saturate, ftz, fmt.bits > 16
+    p[19] = fmt.subnormals and fmt.has_zero and fmt.mantissa_bits > 0
+    p[20] = fmt.signed and fmt.has_zero  # nearest-even has a fast path
+    return tuple(int(v) for v in p)
+
+
+@cache
+def loop_table(fmt: AnyFormat) -> np.ndarray:
+    """float32 value of each code (:func:`decode_table`, a writable copy: numba compiles
+    read-only arrays as another type); one dummy entry for formats wider than 16 bits."""
+    return np.array(decode_table(fmt) if fmt.bits <= 16 else np.zeros(1, np.float32), np.float32)
+
+
+@cache
+def pool() -> ThreadPoolExecutor:
+    """The thread pool the compiled loops run on (one thread per core; they release the GIL)."""
+    return ThreadPoolExecutor(max_workers=os.cpu_count() or 1, thread_name_prefix="fpsim")
+
+
+def _encode_compiled(x: np.ndarray, fmt: AnyFormat, mode: RoundMode, saturate, subnormals, rand, nbits):
+    """:func:`encode_array` by :func:`fpsim._compiled.measure.encode`, piece by piece on the pool."""
+    ftz = isinstance(fmt, Format) and not (subnormals and fmt.subnormals)
+    p = loop_params(fmt, bool(saturate), ftz)
+    flat = np.ascontiguousarray(x).reshape(-1)
+    out = np.empty(flat.size, fmt.code_dtype)
+    r = np.ascontiguousarray(rand, np.uint32).reshape(-1) if rand is not None else np.zeros(0, np.uint32)
+    code, loops = MODE_CODES[mode], _compiled.load_measure()
+
+    def run(a: int) -> None:
+        b = min(flat.size, a + PIECE)
+        loops.encode(flat[a:b], p, code, r[a:b] if r.size else r, nbits, out[a:b])
+
+    if flat.size <= PIECE:
+        run(0)
+    else:
+        list(pool().map(run, range(0, flat.size, PIECE)))
+    return out.reshape(np.shape(x))
 
 
 def decode(codes: Any, fmt: str | AnyFormat) -> Any:
@@ -137,7 +228,8 @@ def decode_array(codes: Any, fmt: AnyFormat) -> Any:
 
 
 def quantize(x: Any, fmt: str | AnyFormat, **kwargs: Any) -> Any:
-    """``decode(encode(x, fmt, **kwargs), fmt)``: ``x`` rounded to ``fmt``, as float32."""
+    """``decode(encode(x, fmt, **kwargs), fmt)``: ``x`` rounded to ``fmt``, as float32
+    (``backend`` as :func:`encode` takes it)."""
     fmt = element_format(fmt)
     return decode_array(encode(x, fmt, **kwargs), fmt)
 

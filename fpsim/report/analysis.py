@@ -56,7 +56,16 @@ def summary_text(analysis: Analysis) -> str:
     s = analysis.summary()
     cells = [[_fmt(spec, r.get(key)) for key, _, spec in _COLUMNS] for r in _rows(s)]
     header = f"{s['trace']}: {s['steps']} steps, {s['tensors']} tensors"
-    return header + "\n" + text_table([h for _, h, _ in _COLUMNS], cells, left=2)
+    text = header + "\n" + text_table([h for _, h, _ in _COLUMNS], cells, left=2)
+    skipped: dict[tuple[str, str, str], list[int]] = {}  # recipes that do not fit a tensor
+    for d in s["not_covered"]:
+        skipped.setdefault((d["format"], d["role"], d["tensor"]), []).append(d["elements"])
+    for (fmt, role, tensor), ns in skipped.items():
+        steps = f"{len(ns)} steps" if len(ns) > 1 else "1 step"
+        text += (
+            f"\n  not covered by {fmt}: {role} {tensor!r} ({sum(ns):,} elements, {steps}; see summary.json)"
+        )
+    return text
 
 
 def _fmt(spec: str, v: Any) -> str:

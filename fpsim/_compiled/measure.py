@@ -1,0 +1,565 @@
+"""Compiled loops of the analysis and of the numpy-facing element verbs (numba).
+
+One loop per job, each one read of its inputs: :func:`encode` (the element verb ``encode``),
+:func:`element_tally` (a chunk of a tensor encoded, decoded and tallied under one element
+format: every count, the error and signal sums, the maxima and the log2 histogram),
+:func:`value_tally` (the same tallies for values a block recipe produced) and
+:func:`swamp_tally` (the swamping of an update, both rounding modes of the analysis in one
+pass). They give the bits of the numpy tier (:mod:`fpsim.emulate._bitcore` for the codes,
+:mod:`fpsim.analysis.metrics` for the tallies): ``_encode_float`` and ``_encode_int`` are its
+integer rules on the float64 bit pattern, element by element (a float32 input is widened
+exactly first; the rules depend on the value only), and the float sums are exact.
+
+Exact sums: a sum is kept as integer bins, bin ``k`` counting units of ``2**(k + KMIN)``. A
+term is a float64 significand (53 bits) times a power of two: ``|v|`` itself, or the square
+of ``v`` rounded to 53 bits without overflow or underflow (``frexp(v) = (f, e)``, the term
+``(f * f) * 2**(2 e)``: the float64 product wherever that is finite and normal). Bins are
+carried into 32-bit digits every :data:`TILE` elements, so none overflows. The Python side
+(:func:`fpsim.analysis.partials.exact_from_bins`) adds the bins into one integer, so a sum
+does not depend on order, tiling, threads or processes, and equals the numpy tier's
+(:func:`fpsim.analysis.partials.exact_sum`).
+
+Like :mod:`.loops`, every loop this module runs is defined in this file (numba checks a
+cached function against its own file only), compiled without fast-math and cached on disk;
+the loops are single-threaded and release the GIL (the callers run pieces on a thread
+pool). Per-element helpers take scalars or a tuple (an array argument of a call that LLVM
+leaves out of line is reference-counted per element).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from llvmlite import ir
+from numba import types
+from numba.extending import intrinsic
+
+from .kinds import KMIN, NBINS
+from .loops import _compiler, jit
+
+# Per-element helpers are inlined into the loops at numba's IR level: a call that LLVM leaves
+# out of line pays reference counting on every array argument, per element.
+inline = _compiler(nogil=True, fastmath=False, error_model="numpy", inline="always")
+
+# rounding modes and encodings as the loops number them (fpsim.emulate.element maps the enums)
+NEAREST_EVEN, NEAREST_AWAY, TOWARD_ZERO, TOWARD_POSITIVE, TOWARD_NEGATIVE, STOCHASTIC, ODD = range(7)
+IEEE, FN, FNUZ, FINITE = range(4)
+
+TILE = 1000
+"""Elements between carries: 1000 terms of 53 bits on a 32-bit digit stay below 2**63."""
+
+# element-format parameters, in the tuple of ints the loops take (fpsim.emulate.element.loop_params;
+# a tuple, passed by value: an array argument would be reference-counted per call)
+P_INT, P_M, P_E, P_EMIN, P_ZERO, P_SIGNED, P_NAN, P_ENC, P_MAX, P_INF, P_NANCODE = range(11)
+P_FRAC, P_BITS, P_CLAMP, P_MAXINT, P_MININT, P_SAT, P_FTZ, P_WIDE, P_SUB, P_FAST = range(11, 21)
+NPARAMS = 21
+
+_U = np.uint64
+_INF64 = _U(0x7FF0000000000000)
+_MAG64 = _U(0x7FFFFFFFFFFFFFFF)
+_MANT64 = _U((1 << 52) - 1)
+_GOLD1 = _U(0xBF58476D1CE4E5B9)
+_GOLD2 = _U(0x94D049BB133111EB)
+
+
+@intrinsic
+def bits64(typingctx, x):
+    def codegen(context, builder, signature, args):
+        return builder.bitcast(args[0], ir.IntType(64))
+
+    return types.uint64(types.float64), codegen
+
+
+@intrinsic
+def float64_of(typingctx, x):
+    def codegen(context, builder, signature, args):
+        return builder.bitcast(args[0], ir.DoubleType())
+
+    return types.float64(types.uint64), codegen
+
+
+@intrinsic
+def float32_of(typingctx, x):
+    def codegen(context, builder, signature, args):
+        return builder.bitcast(args[0], ir.FloatType())
+
+    return types.float32(types.uint32), codegen
+
+
+@intrinsic
+def bits32(typingctx, x):
+    def codegen(context, builder, signature, args):
+        return builder.bitcast(args[0], ir.IntType(32))
+
+    return types.uint32(types.float32), codegen
+
+
+@jit
+def random_word(mix, index):
+    # fpsim.emulate.random.random_bits_at: SplitMix64 of index + seed * G, low 32 bits
+    z = _U(index) + mix
+    z = (z ^ (z >> _U(30))) * _GOLD1
+    z = (z ^ (z >> _U(27))) * _GOLD2
+    return (z ^ (z >> _U(31))) & _U(0xFFFFFFFF)
+
+
+@jit
+def round_sig(sig, d, neg, mode, r, nbits):
+    # fpsim.emulate._bitcore._round of one float64 significand: sig / 2**d to an integer.
+    # Data-dependent conditions are combined with & and | (selects, not branches: a
+    # mispredicted branch per element costs more than the whole rounding)
+    dc = _U(min(d, np.int64(54)))
+    kept = sig >> dc
+    rem = sig & ((_U(1) << dc) - _U(1))
+    if mode == TOWARD_ZERO:
+        return kept
+    inexact = rem != _U(0)
+    if mode == ODD:
+        return kept | _U(inexact)
+    if mode == TOWARD_POSITIVE:
+        up = inexact & ~neg
+    elif mode == TOWARD_NEGATIVE:
+        up = inexact & neg
+    elif mode == NEAREST_EVEN:
+        half = (_U(1) << dc) >> _U(1)
+        up = (rem > half) | ((rem == half) & inexact & ((kept & _U(1)) != _U(0)))
+    elif mode == NEAREST_AWAY:
+        half = (_U(1) << dc) >> _U(1)
+        up = (rem >= half) & inexact
+    else:  # stochastic: round away iff floor(frac * 2**n) + R >= 2**n
+        full = (_U(1) << _U(nbits)) - _U(1)
+        rr = r & full
+        dn = d - nbits
+        big = dn >= 0
+        top = rem >> _U(min(max(dn, np.int64(0)), np.int64(53)))
+        low = rr >> _U(min(max(-dn, np.int64(0)), np.int64(63)))
+        lim_small = (_U(1) << _U(min(d, nbits - 1))) - _U(1)
+        a = top if big else rem
+        b = rr if big else low
+        lim = full if big else lim_small
+        up = (a > lim - b) & inexact
+    return kept + _U(up)
+
+
+@jit
+def encode_float(x, p, mode, r, nbits):
+    # fpsim.emulate._bitcore.encode_float of one value (float64; p: the format's parameters);
+    # branches only on the format and the mode, selects on the data
+    m_bits, emin = p[P_M], p[P_EMIN]
+    b = bits64(x)
+    neg = (b >> _U(63)) != _U(0)
+    mag = b & _MAG64
+    es = np.int64(mag >> _U(52))
+    mant = mag & _MANT64
+    sig = mant if es == 0 else mant | (_U(1) << _U(52))
+    es1 = max(es, np.int64(1))
+    lg = es1 - 1023
+    et = max(lg, emin)
+    kept = round_sig(sig, et - m_bits - (es1 - 1075), neg, mode, r, nbits)
+    code = (_U(et - emin) << _U(m_bits)) + kept
+    small = _U(1) << _U(m_bits)
+    if p[P_ZERO] == 0:
+        code = _U(0) if lg < emin else max(code, small) - small
+    elif p[P_FTZ] != 0 and m_bits > 0:
+        code = _U(0) if code < small else code
+    enc, sat = p[P_ENC], p[P_SAT] != 0
+    is_inf, is_nan = mag == _INF64, mag > _INF64
+    cmax = _U(p[P_MAX])
+    over = (code > cmax) | is_inf
+    if sat or enc == FINITE or mode == TOWARD_ZERO or mode == ODD:
+        to_inf = is_inf & (not sat and enc != FINITE)
+    elif mode == TOWARD_POSITIVE:
+        to_inf = over & (~neg | is_inf)
+    elif mode == TOWARD_NEGATIVE:
+        to_inf = over & (neg | is_inf)
+    else:
+        to_inf = over
+    code = cmax if over else code
+    nan = is_nan
+    if enc == IEEE:
+        code = _U(p[P_INF]) if to_inf else code
+    elif p[P_NAN] != 0:
+        nan = nan | to_inf
+    if p[P_ZERO] == 0:
+        nan = nan | (mag == _U(0))
+    shift = _U(p[P_E] + m_bits)
+    if p[P_SIGNED] != 0:
+        sign_out = (neg & (code != _U(0))) if enc == FNUZ else neg
+        code = code | (_U(sign_out) << shift)
+    else:
+        nan = nan | (neg & (mag != _U(0)))
+    nan_code = _U(0)
+    if p[P_NAN] != 0:
+        nan_code = _U(p[P_NANCODE])
+        if (enc == IEEE or enc == FN) and p[P_SIGNED] != 0:
+            nan_code = nan_code | (_U(neg) << shift)
+    return nan_code if nan else code
+
+
+@jit
+def encode_int(x, p, mode, r, nbits):
+    # fpsim.emulate._bitcore.encode_int of one value (float64): x * 2**fraction_bits rounded
+    b = bits64(x)
+    neg = (b >> _U(63)) != _U(0)
+    mag = b & _MAG64
+    es = np.int64(mag >> _U(52))
+    mant = mag & _MANT64
+    sig = mant if es == 0 else mant | (_U(1) << _U(52))
+    d = -(max(es, np.int64(1)) - 1075 + p[P_FRAC])
+    kept = round_sig(sig, max(d, np.int64(0)), neg, mode, r, nbits)
+    big = d < 0
+    kept = (sig << _U(min(max(-d, np.int64(0)), p[P_BITS]))) if big else kept
+    mask = (_U(1) << _U(p[P_BITS])) - _U(1)
+    if p[P_CLAMP] != 0:
+        lo, hi = _U(-p[P_MININT]), _U(p[P_MAXINT])
+        v = lo if big | (kept > lo) else kept
+        pos = hi if big | (kept > hi) else kept
+        code = ((_U(0) - v) & mask) if neg else pos
+        return _U(0) if mag > _INF64 else code
+    code = ((_U(0) - kept) if neg else kept) & mask
+    return _U(0) if mag >= _INF64 else code
+
+
+@jit
+def nearest_code(x, m, emin, shift, fnuz, ftz):
+    # encode_float in nearest-even for a signed format with a zero (p[P_FAST]) without the
+    # special cases, as fpsim.emulate._bitcore.encode_float_numpy does it: in the normal
+    # range the code is the magnitude bits rounded at a fixed position minus the bias
+    # difference; below it x is scaled to units of the subnormal quantum and rounded to an
+    # integer by adding 2**52 (exact: float64 holds every scaled value, and the addition
+    # rounds to nearest-even). Right wherever the magnitude code is at most the largest
+    # finite one (callers check, and take encode_float otherwise: overflow, inf, NaN).
+    # Scalar arguments and no calls, so that it inlines into the loops and vectorizes
+    b = bits64(x)
+    mag = b & _MAG64
+    d = _U(52 - m)
+    nor = ((mag + ((mag >> d) & _U(1)) + ((_U(1) << (d - _U(1))) - _U(1))) >> d) - _U((1022 + emin) << m)
+    two52 = 4503599627370496.0
+    scale = float64_of(_U(1023 + m - emin) << _U(52))
+    sub = bits64(float64_of(mag) * scale + two52) - bits64(two52)
+    c = sub if mag < _U((emin + 1023) << 52) else nor
+    if ftz:
+        c = _U(0) if c < (_U(1) << _U(m)) else c
+    neg = (b >> _U(63)) != _U(0)
+    sign_out = (neg & (c != _U(0))) if fnuz else neg
+    return c, c | (_U(sign_out) << shift)
+
+
+@jit
+def stochastic_code(x, r, m, emin, shift, fnuz, ftz):
+    # encode_float in stochastic rounding with 32-bit words r for a signed format with a zero
+    # and at most 20 mantissa bits (so that at least 32 bits are discarded: the rule keeps
+    # the top 32 of them, top, and rounds away iff top + r >= 2**32), without the special
+    # cases: in the normal range at the fixed position of nearest_code; below it at the
+    # subnormal quantum, d = emin - m + 1075 - max(es, 1) bits of the significand (d >= 33;
+    # clamped where everything is discarded). Right wherever the magnitude code is at most
+    # the largest finite one (callers check)
+    b = bits64(x)
+    mag = b & _MAG64
+    d = _U(52 - m)
+    kept = mag >> d
+    top = (mag & ((_U(1) << d) - _U(1))) >> (d - _U(32))
+    nor = kept + ((top + r) >> _U(32)) - _U((1022 + emin) << m)
+    es = np.int64(mag >> _U(52))
+    mant = mag & _MANT64
+    sig = mant if es == 0 else mant | (_U(1) << _U(52))
+    dv = min(max(emin - m + 1075 - max(es, np.int64(1)), np.int64(33)), np.int64(95))
+    dk = _U(min(dv, np.int64(63)))
+    top_s = (sig & ((_U(1) << dk) - _U(1))) >> _U(dv - 32)
+    sub = (sig >> dk) + ((top_s + r) >> _U(32))
+    c = sub if mag < _U((emin + 1023) << 52) else nor
+    if ftz:
+        c = _U(0) if c < (_U(1) << _U(m)) else c
+    neg = (b >> _U(63)) != _U(0)
+    sign_out = (neg & (c != _U(0))) if fnuz else neg
+    return c, c | (_U(sign_out) << shift)
+
+
+@jit
+def stochastic_fast(x, p, mix, offset, rand, out):
+    # encode in stochastic rounding (32-bit words: rand[i], or random_word(mix, offset + i)
+    # where rand is empty) for formats with p[P_FAST] and at most 20 mantissa bits:
+    # stochastic_code, encode_float where it does not apply
+    m, emin, shift = p[P_M], p[P_EMIN], _U(p[P_E] + p[P_M])
+    fnuz, ftz, cmax = p[P_ENC] == FNUZ, p[P_FTZ] != 0, _U(p[P_MAX])
+    given = rand.size > 0
+    bad = 0
+    for i in range(x.size):
+        r = _U(rand[i]) if given else random_word(mix, offset + i)
+        c, code = stochastic_code(np.float64(x[i]), r, m, emin, shift, fnuz, ftz)
+        out[i] = code
+        bad += c > cmax
+    if bad:
+        for i in range(x.size):
+            xi = np.float64(x[i])
+            r = _U(rand[i]) if given else random_word(mix, offset + i)
+            c, code = stochastic_code(xi, r, m, emin, shift, fnuz, ftz)
+            if c > cmax:
+                out[i] = encode_float(xi, p, STOCHASTIC, r, 32)
+
+
+@jit
+def encode_one(x, p, mode, r, nbits):
+    # the code of one value under the element format p
+    if p[P_INT] != 0:
+        return encode_int(x, p, mode, r, nbits)
+    if mode == NEAREST_EVEN and p[P_FAST] != 0:
+        c, code = nearest_code(x, p[P_M], p[P_EMIN], _U(p[P_E] + p[P_M]), p[P_ENC] == FNUZ, p[P_FTZ] != 0)
+        if c <= _U(p[P_MAX]):
+            return code
+    return encode_float(x, p, mode, r, nbits)
+
+
+@jit
+def encode_fast(x, p, out):
+    # encode in nearest-even for formats with p[P_FAST]: nearest_code, encode_one where it
+    # does not apply; the parameters taken out of p once
+    m, emin, shift = p[P_M], p[P_EMIN], _U(p[P_E] + p[P_M])
+    fnuz, ftz, cmax = p[P_ENC] == FNUZ, p[P_FTZ] != 0, _U(p[P_MAX])
+    bad = 0
+    for i in range(x.size):
+        c, code = nearest_code(np.float64(x[i]), m, emin, shift, fnuz, ftz)
+        out[i] = code
+        bad += c > cmax
+    if bad:
+        for i in range(x.size):
+            xi = np.float64(x[i])
+            c, code = nearest_code(xi, m, emin, shift, fnuz, ftz)
+            if c > cmax:
+                out[i] = encode_float(xi, p, NEAREST_EVEN, _U(0), 32)
+
+
+@jit
+def encode(x, p, mode, rand, nbits, out):
+    # fpsim.emulate.element.encode_array on numpy: out[i] = the code of x[i]; rand holds the
+    # stochastic words (x's size) or is empty; rand is read only in the stochastic mode
+    if mode == NEAREST_EVEN and p[P_FAST] != 0 and p[P_INT] == 0:
+        encode_fast(x, p, out)
+        return
+    if mode == STOCHASTIC and p[P_FAST] != 0 and p[P_INT] == 0 and p[P_M] <= 20 and nbits == 32:
+        stochastic_fast(x, p, _U(0), 0, rand, out)
+        return
+    stochastic = mode == STOCHASTIC
+    for i in range(x.size):
+        r = _U(rand[i]) if stochastic else _U(0)
+        out[i] = encode_one(np.float64(x[i]), p, mode, r, nbits)
+
+
+@jit
+def codes_tile(x, p, mode, nbits, mix, offset, out):
+    # out[i] = the code of x[i] (float32 or float64) under the element format p; stochastic
+    # words random_word(mix, offset + i)
+    if mode == NEAREST_EVEN and p[P_FAST] != 0 and p[P_INT] == 0:
+        encode_fast(x, p, out)
+        return
+    if mode == STOCHASTIC and p[P_FAST] != 0 and p[P_INT] == 0 and p[P_M] <= 20 and nbits == 32:
+        stochastic_fast(x, p, mix, offset, np.zeros(0, np.uint32), out)
+        return
+    stochastic = mode == STOCHASTIC
+    for i in range(x.size):
+        r = random_word(mix, offset + i) if stochastic else _U(0)
+        out[i] = encode_one(np.float64(x[i]), p, mode, r, nbits)
+
+
+@jit
+def values_tile(codes, p, table, q, at_max, sub):
+    # q[i] = the float32 value of codes[i] (table lookup, float32 codes reinterpreted), and
+    # fpsim.analysis.metrics.element_flags: at_max (the code is +-max), sub (subnormal)
+    wide, isint, signed = p[P_WIDE] != 0, p[P_INT] != 0, p[P_SIGNED] != 0
+    m, cmax, subok = _U(p[P_M]), _U(p[P_MAX]), p[P_SUB] != 0
+    magmask = (_U(1) << _U(p[P_E] + p[P_M])) - _U(1)
+    bits, maxint, minint = p[P_BITS], p[P_MAXINT], p[P_MININT]
+    for i in range(codes.size):
+        c = codes[i]
+        q[i] = float32_of(np.uint32(c)) if wide else table[c]
+        if isint:
+            k = np.int64(c)
+            k = k - (np.int64(1) << bits) if signed and k >= (np.int64(1) << (bits - 1)) else k
+            at_max[i] = (k == maxint) | (k == minint)
+            sub[i] = False
+        else:
+            mag = c & magmask
+            at_max[i] = mag == cmax
+            sub[i] = subok & ((mag >> m) == _U(0))
+
+
+@jit
+def abs_term(v):
+    # |v| (finite, nonzero float64) as (significand, bin): m * 2**(j + KMIN)
+    b = bits64(v) & _MAG64
+    e = np.int64(b >> _U(52))
+    m = np.int64(b & _MANT64)
+    if e == 0:
+        return m, -1074 - KMIN
+    return m | (np.int64(1) << 52), e - 1075 - KMIN
+
+
+@jit
+def square_term(v):
+    # v**2 (finite, nonzero float64) rounded to 53 bits, exponent unbounded (module doc)
+    b = bits64(v) & _MAG64
+    e = np.int64(b >> _U(52))
+    if e == 0:  # subnormal: scale by 2**64 (exact)
+        b = bits64(float64_of(b) * 18446744073709551616.0)
+        e = np.int64(b >> _U(52)) - 64
+    f = float64_of((b & _MANT64) | _U(1022 << 52))  # frexp: v = f * 2**(e - 1022), f in [0.5, 1)
+    pb = bits64(f * f)
+    ep = np.int64(pb >> _U(52))
+    return np.int64(pb & _MANT64) | (np.int64(1) << 52), ep - 1075 + 2 * (e - 1022) - KMIN
+
+
+@jit
+def carry(bins, lo, hi):
+    # every row's bins lo..hi (and above, as carries go) to 32-bit digits: a carry moves 32
+    # bins up
+    for row in range(bins.shape[0]):
+        i, top = lo, hi
+        while i <= top:
+            c = bins[row, i] >> 32
+            if c != 0:
+                bins[row, i] &= np.int64(0xFFFFFFFF)
+                bins[row, i + 32] += c
+                top = max(top, i + 32)
+            i += 1
+
+
+@jit
+def input_tally(x, hist_on, counts, bins, maxes, hist):
+    # what fpsim.analysis.metrics._tally counts of the input alone, the same for every format
+    # (computed once per chunk): counts nan, finite, nonzero; bins row 0: sum x**2; maxes[0]:
+    # the largest finite |x|; the log2 histogram of the nonzero finite elements
+    n = x.size
+    m_in = maxes[0]
+    c_nan = c_fin = c_nz = 0
+    for lo in range(0, n, TILE):
+        jlo, jhi = NBINS, -1
+        for i in range(lo, min(n, lo + TILE)):
+            xi = np.float64(x[i])
+            ax = abs(xi)
+            fin = ax < np.inf
+            nz = fin & (xi != 0)
+            c_nan += xi != xi
+            c_fin += fin
+            c_nz += nz
+            m_in = max(m_in, ax if fin else 0.0)
+            if nz:
+                if hist_on:
+                    hist[(bits32(np.float32(xi)) >> np.uint32(23)) & np.uint32(0xFF)] += 1
+                m, j = square_term(xi)
+                bins[0, j] += m
+                jlo, jhi = min(jlo, j), max(jhi, j)
+        carry(bins, jlo, jhi)
+    counts[0] += c_nan
+    counts[1] += c_fin
+    counts[2] += c_nz
+    maxes[0] = m_in
+
+
+@jit
+def tally_tile(x, q, at_max, sub, counts, bins, maxes):
+    # what fpsim.analysis.metrics._tally counts of one tile (at most TILE elements) under one
+    # format: x the input, q the stored values, at_max (code is +-max) and sub (code is
+    # subnormal) the element flags. counts: overflow, underflow, subnormal, saturated; bins
+    # rows: sum (q - x)**2, sum x**2 of the underflows (their error is -x: the same term);
+    # maxes: |err|, |err| / |x|. Counts from selects in local variables (no branch on the
+    # data but the error's), the quotient only where it can raise the maximum (a bound
+    # that never skips one that does: fl(a / b) > m implies a > fl(m b) (1 - 2**-52))
+    lo, hi = NBINS, -1
+    m_err, m_rel = maxes[0], maxes[1]
+    c_over = c_under = c_sub = c_sat = 0
+    for i in range(x.size):
+        xi = np.float64(x[i])
+        qi = np.float64(q[i])
+        ax = abs(xi)
+        fin = ax < np.inf
+        nz = fin & (xi != 0)
+        qfin = abs(qi) < np.inf
+        zq = qi == 0
+        under = nz & zq
+        c_over += fin & ~qfin
+        c_under += under
+        c_sub += nz & ~zq & sub[i]
+        c_sat += fin & at_max[i] & (ax > abs(qi))
+        err = qi - xi if fin & qfin else 0.0
+        aerr = abs(err)
+        m_err = max(m_err, aerr)
+        if err != 0:
+            if nz and aerr >= m_rel * ax * (1 - 2.0**-40):
+                m_rel = max(m_rel, aerr / ax)
+            m, j = square_term(err)
+            bins[0, j] += m
+            bins[1, j] += m if under else 0
+            lo, hi = min(lo, j), max(hi, j)
+    counts[0] += c_over
+    counts[1] += c_under
+    counts[2] += c_sub
+    counts[3] += c_sat
+    maxes[0], maxes[1] = m_err, m_rel
+    carry(bins, lo, hi)
+
+
+@jit
+def element_tally(x, p, mode, nbits, mix, offset, table, counts, bins, maxes):
+    # one chunk (flat, float32 or float64, starting at flat index `offset` of its tensor)
+    # encoded (stochastic words random_word(mix, offset + i)), decoded and tallied
+    # (tally_tile), tile by tile
+    n = x.size
+    codes, q = np.empty(TILE, np.uint64), np.empty(TILE, np.float32)
+    at_max, sub = np.empty(TILE, np.bool_), np.empty(TILE, np.bool_)
+    for lo in range(0, n, TILE):
+        k = min(n, lo + TILE) - lo
+        codes_tile(x[lo : lo + k], p, mode, nbits, mix, offset + lo, codes[:k])
+        values_tile(codes[:k], p, table, q[:k], at_max[:k], sub[:k])
+        tally_tile(x[lo : lo + k], q[:k], at_max[:k], sub[:k], counts, bins, maxes)
+
+
+@jit
+def value_tally(x, q, at_max, sub, counts, bins, maxes):
+    # tally_tile over a chunk whose stored values q (float32) and element flags (bool arrays)
+    # a block recipe computed
+    n = x.size
+    for lo in range(0, n, TILE):
+        hi = min(n, lo + TILE)
+        tally_tile(x[lo:hi], q[lo:hi], at_max[lo:hi], sub[lo:hi], counts, bins, maxes)
+
+
+@jit
+def swamp_tally(theta, g, scale, p, table, mix, offset, counts, bins):
+    # fpsim.analysis.metrics.swamping_partial of one chunk for nearest-even (mode 0) and
+    # stochastic rounding (mode 1, words random_word(mix, offset + i)): t = theta stored
+    # (nearest-even), d = float32(scale * g), the sum t + d (float64) rounded once.
+    # counts[2 mode]: updates, [2 mode + 1]: lost; bins rows 2 mode: sum |d|, 2 mode + 1:
+    # sum |realised|
+    n = theta.size
+    codes, q = np.empty(TILE, np.uint64), np.empty(TILE, np.float32)
+    at_max, sub = np.empty(TILE, np.bool_), np.empty(TILE, np.bool_)
+    t, s = np.empty(TILE, np.float64), np.empty(TILE, np.float64)
+    new = np.empty((2, TILE), np.float32)
+    d = np.empty(TILE, np.float32)
+    for lo in range(0, n, TILE):
+        k = min(n, lo + TILE) - lo
+        codes_tile(theta[lo : lo + k], p, NEAREST_EVEN, 32, mix, 0, codes[:k])
+        values_tile(codes[:k], p, table, q[:k], at_max[:k], sub[:k])
+        for i in range(k):
+            t[i] = np.float64(q[i])
+            d[i] = scale * g[lo + i]
+            s[i] = t[i] + np.float64(d[i])
+        for m in range(2):
+            codes_tile(s[:k], p, NEAREST_EVEN if m == 0 else STOCHASTIC, 32, mix, offset + lo, codes[:k])
+            values_tile(codes[:k], p, table, new[m, :k], at_max[:k], sub[:k])
+        jlo, jhi = NBINS, -1
+        for i in range(k):
+            di, ti = np.float64(d[i]), t[i]
+            if not ((abs(di) < np.inf) & (di != 0) & (abs(ti) < np.inf)):
+                continue
+            a, j = abs_term(di)
+            jlo, jhi = min(jlo, j), max(jhi, j)
+            for m in range(2):
+                nw = np.float64(new[m, i])
+                counts[2 * m] += 1
+                counts[2 * m + 1] += nw == ti
+                bins[2 * m, j] += a
+                if abs(nw) < np.inf and nw != ti:
+                    b, jj = abs_term(nw - ti)
+                    bins[2 * m + 1, jj] += b
+                    jlo, jhi = min(jlo, jj), max(jhi, jj)
+        carry(bins, jlo, jhi)

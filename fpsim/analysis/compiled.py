@@ -1,0 +1,139 @@
+"""The compiled tier of the analysis: one pass per (chunk, format) through the loops of
+:mod:`fpsim._compiled.measure`, giving the partials the numpy tier of
+:mod:`fpsim.analysis.metrics` gives (the same counts, maxima and exact sums; tested against
+each other on every format, rounding mode and recipe, with NaN, inf and subnormal inputs).
+
+Used where the resolved :class:`~fpsim.Backend` is :attr:`~fpsim.Backend.COMPILED`; this module
+imports numba only when a function runs.
+"""
+
+from __future__ import annotations
+
+from fractions import Fraction
+from typing import Any, NamedTuple
+
+import numpy as np
+
+from .. import _compiled
+from .._compiled.kinds import NBINS
+from ..emulate import element
+from ..emulate.random import SEED_MULTIPLIER
+from ..formats import AnyFormat, Format, RoundMode
+from .partials import Partial, SwampPartial, exact_from_bins
+
+__all__ = ["Inputs", "element_partial", "inputs", "swamp_partials", "value_partial"]
+
+
+def _mix(seed: int) -> np.uint64:
+    return np.uint64((seed * SEED_MULTIPLIER) % (1 << 64))
+
+
+class Inputs(NamedTuple):
+    """What the tallies count of a chunk's input alone (the same under every format)."""
+
+    elements: int
+    nan: int
+    finite: int
+    nonzero: int
+    sum_sq: Fraction
+    max_abs: float
+    hist: np.ndarray
+
+
+def inputs(x: np.ndarray, with_hist: bool) -> Inputs:
+    """The input tallies of chunk ``x`` (float32 or float64), in one compiled pass."""
+    flat = np.ascontiguousarray(x).reshape(-1)
+    counts, bins, maxes = np.zeros(3, np.int64), np.zeros((1, NBINS), np.int64), np.zeros(1)
+    hist = np.zeros(256, np.int64)
+    _compiled.load_measure().input_tally(flat, with_hist, counts, bins, maxes, hist)
+    nan, finite, nonzero = (int(c) for c in counts)
+    return Inputs(flat.size, nan, finite, nonzero, exact_from_bins(bins[0]), float(maxes[0]), hist)
+
+
+def _partial(
+    inp: Inputs, counts: np.ndarray, bins: np.ndarray, maxes: np.ndarray, with_hist: bool
+) -> Partial:
+    """A :class:`Partial` from the input tallies and one format's (``tally_tile``'s layout)."""
+    return Partial(
+        elements=inp.elements,
+        nonzero=inp.nonzero,
+        nan_in=inp.nan,
+        inf_in=inp.elements - inp.nan - inp.finite,
+        underflow=int(counts[1]),
+        subnormal=int(counts[2]),
+        overflow=int(counts[0]),
+        saturated=int(counts[3]),
+        sum_sq_err=exact_from_bins(bins[0]),
+        sum_sq_signal=inp.sum_sq,
+        underflow_energy=exact_from_bins(bins[1]),
+        max_abs_err=float(maxes[0]),
+        max_rel_err=float(maxes[1]),
+        max_abs_in=inp.max_abs,
+        hist=inp.hist.copy() if with_hist else np.zeros(256, np.int64),
+    )
+
+
+def _outputs() -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    return np.zeros(4, np.int64), np.zeros((2, NBINS), np.int64), np.zeros(2)
+
+
+def element_partial(
+    x: np.ndarray,
+    fmt: AnyFormat,
+    mode: RoundMode,
+    inp: Inputs,
+    *,
+    offset: int,
+    seed: int,
+    saturate: bool,
+    with_hist: bool,
+) -> Partial:
+    """The partial of chunk ``x`` (float32 or float64, flat index ``offset`` onwards; ``inp``
+    its :func:`inputs`) under an element format, as
+    :func:`fpsim.analysis.metrics.tally_chunk` computes it."""
+    flat = np.ascontiguousarray(x).reshape(-1)
+    ftz = isinstance(fmt, Format) and not fmt.subnormals
+    p = element.loop_params(fmt, bool(saturate), ftz)
+    out = _outputs()
+    _compiled.load_measure().element_tally(
+        flat, p, element.MODE_CODES[mode], 32, _mix(seed), offset, element.loop_table(fmt), *out
+    )
+    return _partial(inp, *out, with_hist)
+
+
+def value_partial(
+    x: np.ndarray, q: np.ndarray, at_max: np.ndarray, sub: Any, inp: Inputs, with_hist: bool
+) -> Partial:
+    """The partial of chunk ``x`` stored as ``q`` (float32, a block recipe's values) with the
+    element flags ``at_max`` and ``sub`` (None: no subnormals), as the numpy tier computes it."""
+    flat = np.ascontiguousarray(x).reshape(-1)
+    qf = np.ascontiguousarray(q, np.float32).reshape(-1)
+    am = np.ascontiguousarray(at_max, np.bool_).reshape(-1)
+    sb = np.zeros(flat.size, np.bool_) if sub is None else np.ascontiguousarray(sub, np.bool_).reshape(-1)
+    out = _outputs()
+    _compiled.load_measure().value_tally(flat, qf, am, sb, *out)
+    return _partial(inp, *out, with_hist)
+
+
+def swamp_partials(
+    theta: np.ndarray, delta: np.ndarray, fmt: AnyFormat, *, scale: float, seed: int, offset: int
+) -> tuple[SwampPartial, SwampPartial]:
+    """The swamping partials of one chunk for nearest-even and stochastic rounding, as
+    :func:`fpsim.analysis.metrics.swamping_partial` computes them (``theta`` and ``delta``
+    float32; ``offset`` the chunk's flat index, where the random words continue)."""
+    t = np.ascontiguousarray(theta, np.float32).reshape(-1)
+    g = np.ascontiguousarray(delta, np.float32).reshape(-1)
+    p = element.loop_params(fmt, False, isinstance(fmt, Format) and not fmt.subnormals)
+    counts, bins = np.zeros(4, np.int64), np.zeros((4, NBINS), np.int64)
+    _compiled.load_measure().swamp_tally(
+        t, g, np.float32(scale), p, element.loop_table(fmt), _mix(seed), offset, counts, bins
+    )
+    return tuple(
+        SwampPartial(
+            updates=int(counts[2 * m]),
+            lost=int(counts[2 * m + 1]),
+            sum_abs_intended=exact_from_bins(bins[2 * m]),
+            sum_abs_realised=exact_from_bins(bins[2 * m + 1]),
+        )
+        for m in range(2)
+    )
