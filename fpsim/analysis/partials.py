@@ -109,6 +109,16 @@ class Partial:
             setattr(out, f.name, max(a, b) if f.name.startswith("max_") else a + b)
         return out
 
+    def __repr__(self) -> str:
+        """One line: the counts and the derived errors (the exact sums and the 256-bin histogram
+        would fill a screen; they stay in the fields)."""
+        return (
+            f"Partial(elements={self.elements:,}, nonzero={self.nonzero:,}, underflow={self.underflow:,}, "
+            f"subnormal={self.subnormal:,}, overflow={self.overflow:,}, saturated={self.saturated:,}, "
+            f"nan_in={self.nan_in:,}, inf_in={self.inf_in:,}, sqnr_db={self.sqnr_db:.2f}, "
+            f"rel_l2_error={self.rel_l2_error:.3e}, max_abs_in={self.max_abs_in:.4g})"
+        )
+
     @property
     def sqnr_db(self) -> float:
         """Signal-to-quantization-noise ratio in dB (inf when there is no error)."""

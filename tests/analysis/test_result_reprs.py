@@ -96,3 +96,11 @@ def test_array_holders_show_shapes_not_arrays():
     _, info = fpsim.sum(x, axis=1, accumulator="bfloat16", return_info=True)
     text = repr(info)
     assert len(text) < 200 and f"lost={int(info.lost.sum()):,} of {int(info.nonzero_adds.sum()):,}" in text
+
+
+def test_partial_repr_is_one_line_of_counts(analysis):
+    """A Partial's repr gives its counts and derived errors, not its exact sums or histogram."""
+    part = next(iter(analysis.totals().values()))
+    text = repr(part)
+    assert "\n" not in text and len(text) < 400
+    assert f"elements={part.elements:,}" in text and f"underflow={part.underflow:,}" in text
