@@ -83,6 +83,8 @@ class Analysis:
     hist: dict[tuple[int, str, str], np.ndarray] = field(default_factory=dict)
     shapes: dict[tuple[int, str, str], tuple[int, ...]] = field(default_factory=dict)
     skipped: dict[SkipKey, tuple[int, str]] = field(default_factory=dict)
+    interrupted: str | None = None
+    """Set when the run was stopped (Ctrl-C) with ``keep_on_interrupt``: what was measured."""
 
     def merge(self, other: Analysis) -> Analysis:
         """Combine two analyses of disjoint (or identical-key, to be summed) parts."""
@@ -95,7 +97,13 @@ class Analysis:
             setattr(out, name, merged)
         out.shapes = {**self.shapes, **other.shapes}
         out.skipped = {**self.skipped, **other.skipped}
+        out.interrupted = self.interrupted or other.interrupted
         return out
+
+    def absorb(self, part: Analysis) -> None:
+        """Take in ``part``'s entries (keys not in this analysis: one more tensor measured)."""
+        for name in ("results", "swamping", "hist", "shapes", "skipped"):
+            getattr(self, name).update(getattr(part, name))
 
     def table(self):
         """Tidy DataFrame: step, role, tensor, format, rounding, metric, value."""
@@ -150,13 +158,16 @@ class Analysis:
             {"step": st, "role": ro, "tensor": te, "format": fmt, "elements": n, "reason": why}
             for (st, ro, te, fmt), (n, why) in sorted(self.skipped.items())
         ]
-        return {
+        out = {
             "trace": self.trace,
             "steps": len(steps),
             "tensors": len(tensors),
             "results": results,
             "not_covered": skipped,
         }
+        if self.interrupted:
+            out["interrupted"] = self.interrupted
+        return out
 
     def summary_table(self):
         """:meth:`summary` as a pandas DataFrame: one row per format/recipe and rounding, the
@@ -231,6 +242,7 @@ def analyze(
     seed: int = 0,
     progress: bool = True,
     backend: Backend | str = "auto",
+    keep_on_interrupt: bool = False,
 ) -> Analysis:
     """Measure every tensor of ``trace`` under every format and rounding mode.
 
@@ -252,6 +264,9 @@ def analyze(
             ``"numpy"``, ``"compiled"``): compiled, each chunk is encoded, decoded and
             tallied in one pass per format (:mod:`fpsim.analysis.compiled`), chunks run on
             all cores; the partials are the same on every backend, bit for bit.
+        keep_on_interrupt: on Ctrl-C (KeyboardInterrupt), return what was measured instead of
+            raising: every tensor finished in full, none in part, and ``interrupted`` says how
+            many of how many (``fpsim analyze`` writes that report and exits 130).
 
     Raises:
         fpsim.trace.TraceError: for missing, truncated or inconsistent trace files.
@@ -271,13 +286,23 @@ def analyze(
         disable=not progress,
         desc="analyze",
     )
-    for e in entries:
-        x = tr.read(e)
-        e_seed = tensor_seed(seed, e.step, e.role, e.name)
-        _measure_entry(e, x, fmts, modes, backend, e_seed, bar.update, out)
-        if swamping and e.role == "grad":
-            _swamping(tr, e, x, fmts, e_seed, backend, out)
-    bar.close()
+    done = 0
+    try:
+        for e in entries:
+            part = Analysis(out.trace, out.formats, out.roundings)  # one tensor, whole or not at all
+            x = tr.read(e)
+            e_seed = tensor_seed(seed, e.step, e.role, e.name)
+            _measure_entry(e, x, fmts, modes, backend, e_seed, bar.update, part)
+            if swamping and e.role == "grad":
+                _swamping(tr, e, x, fmts, e_seed, backend, part)
+            out.absorb(part)
+            done += 1
+    except KeyboardInterrupt:
+        if not keep_on_interrupt:
+            raise
+        out.interrupted = f"interrupted after {done} of {len(entries)} tensors; the results hold those {done}"
+    finally:
+        bar.close()
     return out
 
 

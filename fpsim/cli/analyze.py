@@ -8,6 +8,7 @@ writes the report of :func:`fpsim.report.analysis.write_report`.
 from __future__ import annotations
 
 import argparse
+import sys
 from typing import Any
 
 from ..formats import FORMATS, RECIPES, RoundMode
@@ -112,6 +113,7 @@ def run(args: argparse.Namespace) -> int:
             swamping=not args.no_swamping,
             progress=not args.quiet,
             backend=args.backend,
+            keep_on_interrupt=True,
         )
     paths = write_report(result, args.out)
     summary, text = result.summary(), summary_text(result)
@@ -125,4 +127,8 @@ def run(args: argparse.Namespace) -> int:
             summary["by_role"] = by_role_rows(result)
             text += "\n\n" + by_role_text(result)
         paths.update(write_role_reports(args.out, result if args.by else None, view))
-    return emit(summary, text, paths, args.json)
+    status = emit(summary, text, paths, args.json)
+    if result.interrupted:  # Ctrl-C: the report of the tensors measured is written; say so
+        print(f"fpsim analyze: {result.interrupted}", file=sys.stderr)
+        return 130
+    return status

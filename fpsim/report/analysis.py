@@ -56,6 +56,8 @@ def summary_text(analysis: Analysis) -> str:
     s = analysis.summary()
     cells = [[_fmt(spec, r.get(key)) for key, _, spec in _COLUMNS] for r in _rows(s)]
     header = f"{s['trace']}: {s['steps']} steps, {s['tensors']} tensors"
+    if "interrupted" in s:
+        header += f" ({s['interrupted']})"
     text = header + "\n" + text_table([h for _, h, _ in _COLUMNS], cells, left=2)
     skipped: dict[tuple[str, str, str], list[int]] = {}  # recipes that do not fit a tensor
     for d in s["not_covered"]:

@@ -179,3 +179,35 @@ def test_exhaustive_keeps_the_slices_done_on_ctrl_c(capsys, monkeypatch):
     captured = capsys.readouterr()
     assert "interrupted: 8192 of 24576 inputs done" in captured.err
     assert "8192 float32 inputs compared with ml_dtypes, 0 mismatches" in captured.out
+
+
+def test_analyze_keeps_the_tensors_done_on_ctrl_c(capsys, tmp_path, monkeypatch):
+    """Ctrl-C during `fpsim analyze` writes the report of the tensors measured in full (none in
+    part), says so, and exits 130; the Python API raises unless asked to keep them."""
+    from fpsim.analysis import run as analysis_run
+
+    real, calls = analysis_run._measure_entry, []
+
+    def stop_at_third(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == 3:
+            raise KeyboardInterrupt
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(analysis_run, "_measure_entry", stop_at_third)
+    out = tmp_path / "r"
+    argv = ["analyze", "--format", "float16", "--no-swamping", "--quiet", "--out", str(out), "--json"]
+    assert main(argv) == 130
+    captured = capsys.readouterr()
+    assert "interrupted after 2 of" in captured.err
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["tensors"] == 2 and summary["interrupted"].startswith("interrupted after 2 of")
+    calls.clear()
+    with pytest.raises(KeyboardInterrupt):
+        analysis_run.analyze(None, ["float16"], swamping=False, progress=False)
+    calls.clear()
+    kept = analysis_run.analyze(None, ["float16"], swamping=False, progress=False, keep_on_interrupt=True)
+    step = next(iter(kept.results))[0]
+    full = analysis_run.analyze(None, ["float16"], swamping=False, progress=False, steps=[step])
+    assert len(kept.results) == 2  # each tensor measured in full, as the uninterrupted run does
+    assert all(p.totals() == full.results[k].totals() for k, p in kept.results.items())
