@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import enum
+import sys
 from typing import Any
 
 from .output import add_backend_argument, emit, format_name, non_negative, positive_int
@@ -264,11 +265,16 @@ def run(args: argparse.Namespace) -> int:
         sqrt=args.sqrt,
         mode=args.mode,
         first_update=args.first_update,
+        keep_on_interrupt=True,
     )
     paths = write_replay_report(result, args.out)
     if args.save_state:
         paths.update({f"state:{k}": p for k, p in result.save_state(args.save_state).items()})
-    return emit(result.summary(), replay_text(result), paths, args.json)
+    status = emit(result.summary(), replay_text(result), paths, args.json)
+    if result.interrupted:  # Ctrl-C: the report of the steps done is written; say so
+        print(f"fpsim replay: {result.interrupted}", file=sys.stderr)
+        return 130
+    return status
 
 
 def _optimizer_fields(args: argparse.Namespace) -> dict[str, Any]:

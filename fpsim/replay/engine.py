@@ -41,9 +41,12 @@ step in :mod:`.fused`, one configuration's tensor-step (also the training optimi
 
 from __future__ import annotations
 
+import contextlib
 import fnmatch
 import math
 import os
+import signal
+import threading
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -78,6 +81,8 @@ class _Env:
     backend: Backend
     seed: int
     pool: Any
+    stop: list[bool] = field(default_factory=lambda: [False])
+    """Set by Ctrl-C under ``keep_on_interrupt``: the replay ends after the step in progress."""
 
 
 @dataclass
@@ -112,6 +117,7 @@ def replay(
     sqrt: Sqrt | str | None = None,
     mode: Mode | str = "sequence",
     first_update: int | None = None,
+    keep_on_interrupt: bool = False,
 ) -> ReplayResult:
     """Replay ``trace``'s gradients through ``configs`` next to an FP32 reference.
 
@@ -140,6 +146,10 @@ def replay(
             in the update counts is an error) or ``"each"`` (every recorded step one update
             from its own recorded values, loss scalers from their initial scale), see
             :class:`~fpsim.replay.schedule.Mode`.
+        keep_on_interrupt: Ctrl-C (SIGINT, caught in the main thread only) ends the replay after
+            the step in progress instead of raising: the result holds the steps done, whole,
+            with the final values after the last of them, and ``interrupted`` says how many of
+            how many (``fpsim replay`` writes that report and exits 130).
         first_update: the update count of the first replayed step (default: the trace's
             recorded count, else its step number); the other steps keep their distance to it.
 
@@ -175,27 +185,61 @@ def replay(
     pool = ThreadPoolExecutor(max_workers=n_threads) if n_threads > 1 else _InThread()
     env = _Env(optimizer, backend, seed, pool)
     bar = tqdm(total=len(plan) * len(names), disable=not progress, desc="replay", unit="tensor-step")
+    done: list[int] = []
     try:
-        for group in runs_of:
-            _run_updates(tr, group, names, lr, cfgs, result, env, bar)
+        with _deferred_sigint(env.stop, keep_on_interrupt):
+            for group in runs_of:
+                done += _run_updates(tr, group, names, lr, cfgs, result, env, bar)
+                if env.stop[0]:
+                    break
     finally:
         pool.shutdown()
         bar.close()
+    if env.stop[0]:
+        result.interrupted = (
+            f"interrupted after {len(done)} of {len(steps_run)} steps; the results hold those "
+            f"{len(done)}, and the final values are those after step {done[-1] if done else None}"
+        )
+        result.steps = [s for s in steps_run if s in set(done)]
     return result
 
 
-def _run_updates(tr, plan: list[Planned], names, lr, cfgs, result: ReplayResult, env: _Env, bar) -> None:
-    """Consecutive updates ``plan`` from the recorded values at its first step, into ``result``."""
+@contextlib.contextmanager
+def _deferred_sigint(stop: list[bool], enabled: bool):
+    """While active (``enabled``, in the main thread), Ctrl-C sets ``stop[0]`` instead of
+    raising, so that the replay ends at a step boundary with consistent values."""
+    if not enabled or threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def handler(signum, frame):
+        stop[0] = True
+
+    previous = signal.signal(signal.SIGINT, handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
+def _run_updates(tr, plan: list[Planned], names, lr, cfgs, result: ReplayResult, env: _Env, bar) -> list[int]:
+    """Consecutive updates ``plan`` from the recorded values at its first step, into ``result``;
+    returns the steps done (all of them, unless ``env.stop`` ended the run after one)."""
     params, ref_states = _initial_values(tr, plan[0], names, env.optimizer)
     result.sizes = {n: int(params[n].size) for n in names}
     runs = [_start(c, params, ref_states, env) for c in cfgs]
     for run in runs:
         run.updates = plan[0].t - 1
     spare = _Spare()
+    done = []
     for planned in plan:
         _replay_step(tr, planned, names, lr, params, ref_states, runs, result, env, spare)
         bar.update(len(names))
+        done.append(planned.step)
+        if env.stop[0]:
+            break
     _finish(result, names, params, ref_states, runs, env)
+    return done
 
 
 def _tensor_names(tr: Any, first: int, tensors: Iterable[str] | None) -> list[str]:

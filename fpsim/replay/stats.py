@@ -94,6 +94,8 @@ class ReplayResult:
     sizes: dict[str, int] = field(default_factory=dict)
     final_params: dict[str, dict[str, np.ndarray]] = field(default_factory=dict)
     final_states: dict[str, dict[str, dict[str, np.ndarray]]] = field(default_factory=dict)
+    interrupted: str | None = None
+    """Set when Ctrl-C ended the replay early (``keep_on_interrupt``): the steps done."""
 
     def final_state(self, config: str) -> dict[str, np.ndarray]:
         """The final float32 parameters and states of ``config`` (or ``"reference"``) under the
@@ -193,6 +195,7 @@ class ReplayResult:
             "mode": self.mode,
             "trace_skipped_steps": list(self.trace_skipped),
             "results": json_safe(results),
+            **({"interrupted": self.interrupted} if self.interrupted else {}),
         }
 
     def summary_table(self):

@@ -32,6 +32,8 @@ def replay_text(result: ReplayResult) -> str:
     s = result.summary()
     rows = [[_cell(spec, r[k]) for k, _, spec in _COLS] for r in s["results"]]
     head = f"{s['trace']}: {s['parameters']:,} parameters, replayed against an FP32 reference"
+    if "interrupted" in s:
+        head += f" ({s['interrupted']})"
     return head + "\n" + text_table([h for _, h, _ in _COLS], rows)
 
 

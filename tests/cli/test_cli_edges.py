@@ -211,3 +211,35 @@ def test_analyze_keeps_the_tensors_done_on_ctrl_c(capsys, tmp_path, monkeypatch)
     full = analysis_run.analyze(None, ["float16"], swamping=False, progress=False, steps=[step])
     assert len(kept.results) == 2  # each tensor measured in full, as the uninterrupted run does
     assert all(p.totals() == full.results[k].totals() for k, p in kept.results.items())
+
+
+def test_replay_ends_at_a_step_boundary_on_ctrl_c(capsys, tmp_path, monkeypatch):
+    """Ctrl-C during `fpsim replay` ends it after the step in progress: the report holds the
+    steps done, whole, their values equal a replay of just those steps, and the exit is 130."""
+    import signal
+
+    from fpsim.replay import engine, replay
+
+    real, calls = engine._replay_step, []
+
+    def ctrl_c_in_second_step(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == 2:
+            signal.getsignal(signal.SIGINT)(signal.SIGINT, None)  # what Ctrl-C does here
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(engine, "_replay_step", ctrl_c_in_second_step)
+    out = tmp_path / "r"
+    argv = ["replay", "--steps", "190:195", "--config", "bf16-master", "--quiet", "--out", str(out)]
+    assert main([*argv, "--json"]) == 130
+    assert "interrupted after 2 of 6 steps" in capsys.readouterr().err
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["interrupted"].startswith("interrupted after 2 of 6 steps")
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # restored
+    monkeypatch.setattr(engine, "_replay_step", real)
+    whole = replay(None, ["bf16-master"], steps=[190, 191], progress=False)
+    rows = {r["config"]: r for r in summary["results"]}
+    assert rows["bf16-master"]["steps"] == 2
+    assert (
+        rows["bf16-master"]["final_param_rel_error"] == whole.summary()["results"][1]["final_param_rel_error"]
+    )
