@@ -15,14 +15,6 @@ from fpsim.train.ab import MODELS, digits, run_ab, state_bytes  # noqa: E402
 from fpsim.train.torch import AdamW  # noqa: E402
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
-
-
 def test_digits_are_deterministic_and_in_range():
     x, y = digits(3, n=256)
     x2, y2 = digits(3, n=256)

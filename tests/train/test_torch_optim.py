@@ -17,16 +17,6 @@ from fpsim.train import torch as ftorch  # noqa: E402
 from fpsim.train._core import unpack  # noqa: E402
 from fpsim.train.torch import _as_numpy  # noqa: E402
 
-
-@pytest.fixture(autouse=True)
-def _one_thread():
-    """One torch thread: the tiny models run faster than with threads handing work around."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
-
-
 X = torch.from_numpy(np.random.default_rng(0).standard_normal((512, 16)).astype(np.float32))
 Y = torch.from_numpy(np.random.default_rng(1).integers(0, 4, 512))
 
