@@ -9,6 +9,7 @@ imports numba only when a function runs.
 
 from __future__ import annotations
 
+import math
 from fractions import Fraction
 from typing import Any, NamedTuple
 
@@ -18,10 +19,11 @@ from .. import _compiled
 from .._compiled.kinds import NBINS
 from ..emulate import element
 from ..emulate.random import SEED_MULTIPLIER
-from ..formats import AnyFormat, Format, RoundMode
+from ..emulate.scale_rules import block_factors
+from ..formats import AnyFormat, BlockFormat, Codebook, Format, RoundMode, ScaleRule
 from .partials import Partial, SwampPartial, exact_from_bins
 
-__all__ = ["Inputs", "element_partial", "inputs", "swamp_partials", "value_partial"]
+__all__ = ["Inputs", "block_partial", "element_partial", "inputs", "swamp_partials", "value_partial"]
 
 
 def _mix(seed: int) -> np.uint64:
@@ -98,6 +100,75 @@ def element_partial(
     _compiled.load_measure().element_tally(
         flat, p, element.MODE_CODES[mode], 32, _mix(seed), offset, element.loop_table(fmt), *out
     )
+    return _partial(inp, *out, with_hist)
+
+
+def block_layout(shape: tuple[int, ...], bf: BlockFormat) -> tuple[int, int] | None:
+    """``(row, block)`` of a chunk of ``shape`` (as :func:`fpsim.analysis.metrics.chunk_view`
+    shapes it) whose blocks are runs of its flat elements: rows of ``row`` elements cut into
+    blocks of ``block`` (per-tensor scaling: one block; flattened recipes: one row; blocks
+    along the last axis: rows of the last axis). None for 2-D tiles and codebooks, which
+    :func:`block_partial` leaves to the numpy encoders."""
+    n = math.prod(shape)
+    if isinstance(bf.element, Codebook) or n == 0:
+        return None
+    if bf.block is None:
+        return n, n
+    if len(bf.block) != 1:
+        return None
+    row = n if bf.flatten else shape[-1]
+    return row, row if bf.block[0] == -1 else bf.block[0]
+
+
+_FACTOR_KIND = {ScaleRule.TE: 0, ScaleRule.NVFP4: 0, ScaleRule.ABSMAX: 1}  # MX rules: 2
+_DECODE_KIND = {ScaleRule.NVFP4: 1, ScaleRule.TE: 2, ScaleRule.ABSMAX: 2}  # MX rules: 0
+
+
+def block_partial(
+    x: np.ndarray,
+    bf: BlockFormat,
+    mode: RoundMode,
+    inp: Inputs,
+    *,
+    offset: int,
+    seed: int,
+    tensor_amax: float | None,
+    with_hist: bool,
+) -> Partial | None:
+    """The partial of chunk ``x`` (float32 or float64, shaped by
+    :func:`fpsim.analysis.metrics.chunk_view`) under a block recipe whose blocks are runs of
+    flat elements (:func:`block_layout`; None for the others), as the numpy tier computes it
+    from :func:`fpsim.emulate.blocks.encode_array` and ``decode_array``: the blocks' amaxes
+    in one compiled pass, their factors and scales by the numpy rules
+    (:func:`fpsim.emulate.scale_rules.block_factors`, on one value per block), then the
+    elements encoded, decoded and tallied in one compiled pass (same counts and sums:
+    tests/analysis/test_compiled.py)."""
+    layout = block_layout(x.shape, bf)
+    if layout is None:
+        return None
+    row, block = layout
+    loops = _compiled.load_measure()
+    flat = np.ascontiguousarray(x).reshape(-1)
+    xs = element.as_float32(flat)
+    if bf.block is None and tensor_amax is not None:
+        amax = np.full(1, tensor_amax, np.float32)
+    else:
+        amax = np.empty(flat.size // row * (-(-row // block)), np.float32)
+        loops.block_amax(xs, row, block, bf.rule in (ScaleRule.TE, ScaleRule.NVFP4), amax)
+    with np.errstate(invalid="ignore", divide="ignore", over="ignore"):
+        factor, scales, tensor = block_factors(amax, bf, tensor_amax)
+        dscale = np.ascontiguousarray(element.decode_array(scales, bf.scale_format), np.float32)
+    kind = _FACTOR_KIND.get(bf.rule, 2)
+    f32 = np.ascontiguousarray(factor, np.float32) if kind < 2 else np.zeros(0, np.float32)
+    f64 = np.ascontiguousarray(factor, np.float64) if kind == 2 else np.zeros(0, np.float64)
+    el = bf.element
+    p = element.loop_params(el, True, isinstance(el, Format) and not el.subnormals)
+    tscale = np.float32(tensor if tensor is not None else 1)
+    out = _outputs()
+    loops.block_tally(
+        flat, xs, row, block, kind, f32, f64, p, element.MODE_CODES[mode], 32, _mix(seed), offset,
+        element.loop_table(el), _DECODE_KIND.get(bf.rule, 0), dscale, tscale, *out,
+    )  # fmt: skip
     return _partial(inp, *out, with_hist)
 
 

@@ -291,6 +291,13 @@ def tally_jobs(
             kw = {"offset": offset, "seed": seed, "saturate": saturate, "with_hist": with_hist}
             out.append(fast.element_partial(xf, fmt, mode, inp, **kw))
             continue
+        if compiled:
+            amax = tensor_amax if needs_tensor_amax(fmt) else None
+            kw = {"offset": offset, "seed": seed, "tensor_amax": amax, "with_hist": with_hist}
+            part = fast.block_partial(xf, fmt, mode, inp, **kw)
+            if part is not None:
+                out.append(part)
+                continue
         rand = None
         if mode is RoundMode.STOCHASTIC:
             rand = random_bits_at(seed, offset, xf.size).reshape(xf.shape)

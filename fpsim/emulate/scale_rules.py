@@ -19,7 +19,15 @@ import numpy as np
 from ..formats import BlockFormat, Codebook, Format, RoundMode, ScaleRule
 from . import element
 
-__all__ = ["prescale", "codebook_codes", "codebook_round", "nearest_thresholds", "nearest_buckets"]
+__all__ = [
+    "apply_factor",
+    "block_factors",
+    "prescale",
+    "codebook_codes",
+    "codebook_round",
+    "nearest_thresholds",
+    "nearest_buckets",
+]
 
 _F32 = np.float32
 _FLT_MAX = np.finfo(np.float32).max
@@ -28,6 +36,23 @@ _R = RoundMode
 
 def prescale(xb: np.ndarray, amax: np.ndarray, bf: BlockFormat, tensor_amax: float | None):
     """Element inputs (before the cast), scale codes and tensor scale for non-codebook rules."""
+    factor, codes, tensor = block_factors(amax, bf, tensor_amax)
+    return apply_factor(xb, factor, bf.rule), codes, tensor
+
+
+def block_factors(amax: np.ndarray, bf: BlockFormat, tensor_amax: float | None):
+    """What each block's elements are scaled by, its scale code and the tensor scale.
+
+    Args:
+        amax: the blocks' amaxes (float32, any shape; NaN as the rule's reduction left it).
+        bf: a block format of a non-codebook rule.
+        tensor_amax: NVFP4's tensor amax, or None to reduce ``amax``.
+
+    Returns:
+        ``(factor, codes, tensor)``: the per-block factor of :func:`apply_factor` (float32,
+        float64 powers of two for the MX rules, NaN for an MX block with the NaN scale), the
+        scale codes and the tensor scale (NVFP4) or None.
+    """
     rule, elem_max = bf.rule, _F32(bf.elem_max)
     if rule is ScaleRule.TE:
         # Transformer Engine recipe_common.cuh compute_scale_from_amax
@@ -36,18 +61,27 @@ def prescale(xb: np.ndarray, amax: np.ndarray, bf: BlockFormat, tensor_amax: flo
         scale = np.where(np.isinf(scale), _FLT_MAX, scale).astype(_F32)
         if bf.pow2:
             scale = (scale.view(np.uint32) & np.uint32(0xFF800000)).view(_F32)
-        return xb * scale, (_F32(1) / scale).view(np.uint32), None
+        return scale, (_F32(1) / scale).view(np.uint32), None
     if rule is ScaleRule.ABSMAX:
         s = (np.maximum(amax, _F32(bf.eps)) / elem_max).astype(_F32)
-        return xb / np.where(s == 0, _F32(1), s), s.view(np.uint32), None
+        return np.where(s == 0, _F32(1), s), s.view(np.uint32), None
     if rule is ScaleRule.NVFP4:
-        return _nvfp4(xb, amax, bf, tensor_amax)
+        return _nvfp4(amax, bf, tensor_amax)
     e = _mx_exponent(amax, bf)
     nan = ~np.isfinite(amax) | (e > 127)
     e = np.maximum(e, -127)
     codes = np.where(nan, 255, e + 127).astype(np.uint8)
-    v = np.where(nan, np.nan, np.ldexp(xb.astype(np.float64), np.where(nan, 0, -e).astype(np.int32)))
-    return v, codes, None
+    return np.where(nan, np.nan, np.ldexp(1.0, np.where(nan, 0, -e).astype(np.int32))), codes, None
+
+
+def apply_factor(xb: np.ndarray, factor: np.ndarray, rule: ScaleRule) -> np.ndarray:
+    """The element inputs: float32 ``xb * factor`` (TE, NVFP4), ``xb / factor`` (ABSMAX), or
+    the exact float64 ``xb * 2**-e`` (MX; NaN in a block of the NaN scale)."""
+    if rule is ScaleRule.ABSMAX:
+        return xb / factor
+    if rule in (ScaleRule.TE, ScaleRule.NVFP4):
+        return xb * factor
+    return np.where(np.isnan(factor), np.nan, xb.astype(np.float64) * factor)
 
 
 def _mx_exponent(amax: np.ndarray, bf: BlockFormat) -> np.ndarray:
@@ -69,8 +103,9 @@ def _mx_exponent(amax: np.ndarray, bf: BlockFormat) -> np.ndarray:
     return e
 
 
-def _nvfp4(xb: np.ndarray, amax: np.ndarray, bf: BlockFormat, tensor_amax: float | None):
-    """Transformer Engine NVFP4 (core_nvfp4.cuh): FP32 tensor scale, E4M3 block scales."""
+def _nvfp4(amax: np.ndarray, bf: BlockFormat, tensor_amax: float | None):
+    """Transformer Engine NVFP4 (core_nvfp4.cuh): FP32 tensor scale, E4M3 block scales; the
+    factor ``f32(1 / f32(s8 * s_dec))`` (FLT_MAX for a zero scale)."""
     if tensor_amax is None:
         amax_t = np.fmax.reduce(amax, axis=None, initial=0, dtype=_F32)
     else:
@@ -83,7 +118,7 @@ def _nvfp4(xb: np.ndarray, amax: np.ndarray, bf: BlockFormat, tensor_amax: float
     s8 = element.encode_array(sdb, e4m3, _R.NEAREST_EVEN, saturate=True)
     s8v = element.decode_array(s8, e4m3)
     c = np.where(s8v == 0, _FLT_MAX, np.fmin(_F32(1) / (s8v * s_dec), _FLT_MAX))
-    return xb * c, s8, float(s_dec)
+    return c, s8, float(s_dec)
 
 
 def codebook_codes(xb, amax, book: Codebook, mode: RoundMode, rand, nbits: int):

@@ -53,16 +53,43 @@ def test_element_formats_every_mode(name):
                 assert_same(got, want, name, mode, x.dtype, saturate)
 
 
+# chunk shapes as metrics.chunk_view gives them: rows, rows with a ragged last block, a
+# flat 1-D tensor, a single row; the float32 data with its NaN/inf/zero blocks, and float64
+_SHAPES = ((27, 128), (36, 100), (3456,), (1, 2500), (7, 3, 64))
+_BLOCK_X = {np.float32: X32, np.float64: X64}
+
+
+@pytest.mark.parametrize("shape", _SHAPES, ids=str)
 @pytest.mark.parametrize("name", sorted(RECIPES))
-def test_block_recipes(name):
+def test_block_recipes(name, shape):
     pytest.importorskip("numba")
-    x = X32[: 27 * 128].reshape(27, 128)
-    for mode in (RoundMode.NEAREST_EVEN, RoundMode.STOCHASTIC, RoundMode.TOWARD_ZERO):
-        for amax in (None, 7.5):
-            kw = dict(seed=3, with_hist=True, tensor_amax=amax)
-            want = tally_chunk(x, RECIPES[name], mode, Backend.NUMPY, **kw)
-            got = tally_chunk(x, RECIPES[name], mode, Backend.COMPILED, **kw)
-            assert_same(got, want, name, mode, amax)
+    from fpsim.analysis.metrics import not_covered
+
+    fmt = RECIPES[name]
+    if not_covered(shape, fmt):
+        pytest.skip(f"{name} does not apply to shape {shape}")
+    n = int(np.prod(shape))
+    for dtype, data in _BLOCK_X.items():
+        x = np.resize(data, n).reshape(shape)
+        if len(shape) > 2 and fmt.block is not None and len(fmt.block) == 1 and not fmt.flatten:
+            x = x.reshape(-1, shape[-1])  # (chunk_view's rows)
+        for mode in (RoundMode.NEAREST_EVEN, RoundMode.STOCHASTIC, RoundMode.TOWARD_ZERO):
+            for amax in (None, 7.5):
+                kw = dict(seed=3, with_hist=True, tensor_amax=amax, offset=1000)
+                want = tally_chunk(x, fmt, mode, Backend.NUMPY, **kw)
+                got = tally_chunk(x, fmt, mode, Backend.COMPILED, **kw)
+                assert_same(got, want, name, shape, dtype, mode, amax)
+
+
+def test_block_recipes_run_compiled():
+    """The fused loop, not the numpy encoders, measures the recipes whose blocks are runs."""
+    pytest.importorskip("numba")
+    from fpsim.analysis.compiled import block_layout
+
+    assert block_layout((4, 64), RECIPES["mxfp8_e4m3"]) == (64, 32)
+    assert block_layout((4, 64), RECIPES["e4m3_tensor"]) == (256, 256)
+    assert block_layout((256,), RECIPES["int8_block256"]) == (256, 256)
+    assert block_layout((4, 64), RECIPES["e4m3_tile128"]) is None
 
 
 @pytest.mark.parametrize("name", sorted(FORMATS))
