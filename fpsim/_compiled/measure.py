@@ -461,8 +461,7 @@ def tally_tile(x, q, at_max, sub, counts, bins, maxes):
     # subnormal) the element flags. counts: overflow, underflow, subnormal, saturated; bins
     # rows: sum (q - x)**2, sum x**2 of the underflows (their error is -x: the same term);
     # maxes: |err|, |err| / |x|. Counts from selects in local variables (no branch on the
-    # data but the error's), the quotient only where it can raise the maximum (a bound
-    # that never skips one that does: fl(a / b) > m implies a > fl(m b) (1 - 2**-52))
+    # data but the error's); the quotient of every element (independent divisions pipeline)
     lo, hi = NBINS, -1
     m_err, m_rel = maxes[0], maxes[1]
     c_over = c_under = c_sub = c_sat = 0
@@ -482,9 +481,9 @@ def tally_tile(x, q, at_max, sub, counts, bins, maxes):
         err = qi - xi if fin & qfin else 0.0
         aerr = abs(err)
         m_err = max(m_err, aerr)
+        rel = aerr / ax  # for every element: a quotient only where it may raise the maximum
+        m_rel = max(m_rel, rel if nz else 0.0)  # chains the maximum through the division, 4x slower
         if err != 0:
-            if nz and aerr >= m_rel * ax * (1 - 2.0**-40):
-                m_rel = max(m_rel, aerr / ax)
             m, j = square_term(err)
             bins[0, j] += m
             bins[1, j] += m if under else 0
@@ -547,19 +546,123 @@ def swamp_tally(theta, g, scale, p, table, mix, offset, counts, bins):
             codes_tile(s[:k], p, NEAREST_EVEN if m == 0 else STOCHASTIC, 32, mix, offset + lo, codes[:k])
             values_tile(codes[:k], p, table, new[m, :k], at_max[:k], sub[:k])
         jlo, jhi = NBINS, -1
+        c_up = c_lost0 = c_lost1 = 0  # (local counters: no store-to-load chain per element)
         for i in range(k):
             di, ti = np.float64(d[i]), t[i]
             if not ((abs(di) < np.inf) & (di != 0) & (abs(ti) < np.inf)):
                 continue
             a, j = abs_term(di)
             jlo, jhi = min(jlo, j), max(jhi, j)
-            for m in range(2):
-                nw = np.float64(new[m, i])
-                counts[2 * m] += 1
-                counts[2 * m + 1] += nw == ti
-                bins[2 * m, j] += a
-                if abs(nw) < np.inf and nw != ti:
-                    b, jj = abs_term(nw - ti)
-                    bins[2 * m + 1, jj] += b
-                    jlo, jhi = min(jlo, jj), max(jhi, jj)
+            c_up += 1
+            bins[0, j] += a  # the intended sum, the same in both modes (row 2 copies it below)
+            n0, n1 = np.float64(new[0, i]), np.float64(new[1, i])
+            c_lost0 += n0 == ti
+            c_lost1 += n1 == ti
+            if abs(n0) < np.inf and n0 != ti:
+                b, jj = abs_term(n0 - ti)
+                bins[1, jj] += b
+                jlo, jhi = min(jlo, jj), max(jhi, jj)
+            if abs(n1) < np.inf and n1 != ti:
+                b, jj = abs_term(n1 - ti)
+                bins[3, jj] += b
+                jlo, jhi = min(jlo, jj), max(jhi, jj)
+        counts[0] += c_up
+        counts[2] += c_up
+        counts[1] += c_lost0
+        counts[3] += c_lost1
         carry(bins, jlo, jhi)
+    bins[2] = bins[0]
+
+
+@jit
+def block_amax(x, row, block, ignore_nan, out):
+    # fpsim.emulate.blocks._encode_rows' amax of each block of a chunk (float32, flat): rows
+    # of `row` elements, each cut into blocks of `block` (the last one of a row shorter,
+    # as if padded with zeros); max(|x|) from 0, NaN skipped (fmaxf) where ignore_nan, else
+    # kept (torch.amax). out[b], blocks numbered row by row
+    per_row = (row + block - 1) // block
+    keep_nan = not ignore_nan
+    for r in range(x.size // row):
+        for k in range(per_row):
+            lo = r * row + k * block
+            a = np.float32(0)
+            for i in range(lo, min(lo + block, (r + 1) * row)):
+                v = abs(x[i])
+                a = v if (v > a) | ((v != v) & keep_nan) else a
+            out[r * per_row + k] = a
+
+
+@jit
+def block_index(tile, row, block, state):
+    # tile[i] = the block of the next element (state: row, column, column in its block and
+    # block of the next element, advanced; no division per element)
+    c, cb, b = state[0], state[1], state[2]
+    for i in range(tile.size):
+        tile[i] = b
+        c += 1
+        cb += 1
+        if c == row:
+            c, cb, b = 0, 0, b + 1
+        elif cb == block:
+            cb, b = 0, b + 1
+    state[0], state[1], state[2] = c, cb, b
+
+
+@jit
+def block_tally(
+    x,
+    xs,
+    row,
+    block,
+    kind,
+    f32,
+    f64,
+    p,
+    mode,
+    nbits,
+    mix,
+    offset,
+    table,
+    dkind,
+    dscale,
+    tscale,
+    counts,
+    bins,
+    maxes,
+):
+    # a chunk under a block recipe, encoded, decoded and tallied (tally_tile against x, the
+    # float32 or float64 input) tile by tile, as fpsim.emulate.blocks encodes and decodes
+    # xs (x as float32) in blocks of block_amax's layout: element inputs
+    # (fpsim.emulate.scale_rules.apply_factor) kind 0: xs * f32[b], 1: xs / f32[b] (float32),
+    # 2: float64 xs * f64[b] (NaN where f64[b] is); the element format p (saturating),
+    # stochastic words random_word(mix, offset + i); stored values (blocks._decode_rows) with
+    # the decoded scales dscale[b], dkind 0: float64 product (MX), 1: (v * s) * tscale
+    # (NVFP4), 2: v * s
+    n = x.size
+    codes, q = np.empty(TILE, np.uint64), np.empty(TILE, np.float32)
+    at_max, sub = np.empty(TILE, np.bool_), np.empty(TILE, np.bool_)
+    v, bi = np.empty(TILE, np.float64), np.empty(TILE, np.int64)
+    state = np.zeros(3, np.int64)
+    for lo in range(0, n, TILE):
+        k = min(n, lo + TILE) - lo
+        block_index(bi[:k], row, block, state)
+        for i in range(k):
+            xi, b = xs[lo + i], bi[i]
+            if kind == 0:
+                v[i] = np.float64(xi * f32[b])
+            elif kind == 1:
+                v[i] = np.float64(xi / f32[b])
+            else:
+                fb = f64[b]
+                v[i] = np.nan if fb != fb else np.float64(xi) * fb
+        codes_tile(v[:k], p, mode, nbits, mix, offset + lo, codes[:k])
+        values_tile(codes[:k], p, table, q[:k], at_max[:k], sub[:k])
+        for i in range(k):
+            s = dscale[bi[i]]
+            if dkind == 0:
+                q[i] = np.float32(np.float64(q[i]) * np.float64(s))
+            elif dkind == 1:
+                q[i] = (q[i] * s) * tscale
+            else:
+                q[i] = q[i] * s
+        tally_tile(x[lo : lo + k], q[:k], at_max[:k], sub[:k], counts, bins, maxes)
