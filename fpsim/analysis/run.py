@@ -1,6 +1,7 @@
 """Analyse a gradient trace: every tensor of every step under every format and recipe.
 
-:func:`analyze` streams a trace (tensor by tensor, chunk by chunk, memory-mapped) through
+:func:`analyze` streams a trace (tensor by tensor, chunk by chunk; the chunks of several small
+tensors at once on the thread pool) through
 :mod:`fpsim.analysis.metrics` and returns an :class:`Analysis` holding the mergeable partials, from
 which :meth:`Analysis.table` builds the tidy pandas table (one row per step x tensor x
 format x rounding x metric) and :meth:`Analysis.summary` the totals per format.
@@ -9,6 +10,7 @@ format x rounding x metric) and :meth:`Analysis.summary` the totals per format.
 from __future__ import annotations
 
 import zlib
+from collections import deque
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -266,7 +268,9 @@ def analyze(
             all cores; the partials are the same on every backend, bit for bit.
         keep_on_interrupt: on Ctrl-C (KeyboardInterrupt), return what was measured instead of
             raising: every tensor finished in full, none in part, and ``interrupted`` says how
-            many of how many (``fpsim analyze`` writes that report and exits 130).
+            many of how many (``fpsim analyze`` writes that report and exits 130). Tensors
+            already queued on the thread pool (at most :data:`WINDOW` elements) are finished
+            first; a second Ctrl-C drops them.
 
     Raises:
         fpsim.trace.TraceError: for missing, truncated or inconsistent trace files.
@@ -287,23 +291,71 @@ def analyze(
         desc="analyze",
     )
     done = 0
+    inflight: deque[tuple[Analysis, list[_Tasks], int]] = deque()  # submitted, in trace order
+
+    def finish_oldest() -> None:
+        nonlocal done
+        part, tasks, _ = inflight.popleft()
+        for t in tasks:
+            t.finish()
+        out.absorb(part)
+        done += 1
+
     try:
         for e in entries:
             part = Analysis(out.trace, out.formats, out.roundings)  # one tensor, whole or not at all
             x = tr.read(e)
             e_seed = tensor_seed(seed, e.step, e.role, e.name)
-            _measure_entry(e, x, fmts, modes, backend, e_seed, bar.update, part)
+            tasks = [_measure_entry(e, x, fmts, modes, backend, e_seed, bar.update, part)]
             if swamping and e.role == "grad":
-                _swamping(tr, e, x, fmts, e_seed, backend, part)
-            out.absorb(part)
-            done += 1
+                tasks.append(_swamping(tr, e, x, fmts, e_seed, backend, part))
+            inflight.append((part, tasks, x.size))
+            while len(inflight) > 1 and sum(n for _, _, n in inflight) > WINDOW:
+                finish_oldest()
+        while inflight:
+            finish_oldest()
     except KeyboardInterrupt:
+        try:  # the tensors already submitted (at most WINDOW elements) are finished in full
+            while inflight and keep_on_interrupt:
+                finish_oldest()
+        finally:  # (not kept, or a second Ctrl-C: the queued work is dropped)
+            for _, tasks, _ in inflight:
+                for t in tasks:
+                    t.cancel()
         if not keep_on_interrupt:
             raise
         out.interrupted = f"interrupted after {done} of {len(entries)} tensors; the results hold those {done}"
     finally:
         bar.close()
     return out
+
+
+WINDOW = 8 * CHUNK
+"""Elements of the tensors whose chunks may be queued on the thread pool at once: small
+tensors (biases, norms, the layers of a small model) overlap each other instead of each
+leaving all but one core idle; the results are still taken in the trace's order."""
+
+
+class _Tasks:
+    """Work items of one tensor: on the thread pool (compiled backend, run as soon as a thread
+    is free) or run at once (numpy); :meth:`finish` waits for them in order and hands the
+    results to ``collect``."""
+
+    def __init__(self, backend: Backend, fn: Any, items: list, collect: Any):
+        self.items, self.collect = items, collect
+        if backend is Backend.COMPILED and items:
+            self.futures = [pool().submit(fn, i) for i in items]
+            self.results = None
+        else:
+            self.futures, self.results = [], [fn(i) for i in items]
+
+    def finish(self) -> None:
+        results = self.results if self.results is not None else [f.result() for f in self.futures]
+        self.collect(self.items, results)
+
+    def cancel(self) -> None:
+        for f in self.futures:
+            f.cancel()
 
 
 def resolve_formats(
@@ -385,14 +437,6 @@ def skip_reason(e: Any, why: str) -> str:
     return f"{e.role} {e.name!r} (step {e.step}, shape {tuple(e.shape)}): {why}"
 
 
-def _map(backend: Backend, fn: Any, items: list) -> list:
-    """``[fn(i) for i in items]``, on the thread pool of the compiled loops (which release the
-    GIL) where ``backend`` is compiled; results in the items' order either way."""
-    if backend is Backend.COMPILED and len(items) > 1:
-        return list(pool().map(fn, items))
-    return [fn(i) for i in items]
-
-
 def _measure_entry(
     e: Any,
     x: np.ndarray,
@@ -402,9 +446,10 @@ def _measure_entry(
     seed: int,
     progress: Any,
     out: Analysis,
-) -> None:
-    """The partials of one tensor under every format and mode, into ``out`` (the histogram
-    with the first), recipes that do not apply to its shape into ``out.skipped``.
+) -> _Tasks:
+    """Submit the partials of one tensor under every format and mode; finishing the returned
+    tasks puts them into ``out`` (the histogram with the first), recipes that do not apply
+    to its shape into ``out.skipped`` at once.
 
     Formats cut alike (all element formats, flattened recipes) share each chunk: it is read
     once and measured under each of them; chunks run on the thread pool (compiled backend).
@@ -422,45 +467,53 @@ def _measure_entry(
         view = chunk_view(flat, shape, *slices[0], f).shape[1:] if slices else ()  # rows or flat
         groups.setdefault((slices, view), []).append(i)
     measured = sorted(i for g in groups.values() for i in g)
-    if not measured:
-        return
     amax = tensor_amax(flat) if any(needs_tensor_amax(fmts[i]) for i in measured) else None
-    found: dict[tuple[int, int], Partial] = {}  # (format position, mode position)
-    for (slices, _), group in groups.items():
-        jobs = [(i, mi) for i in group for mi in range(len(modes))]
+    # one item per (group, chunk): the chunk's slice and the group's (format, mode) jobs
+    items = [
+        (sl, [(i, mi) for i in group for mi in range(len(modes))])
+        for (slices, _), group in groups.items()
+        for sl in slices
+    ]
 
-        def task(sl: tuple[int, int], jobs: list = jobs) -> list[Partial]:
-            start, stop = sl
-            part = chunk_view(flat, shape, start, stop, fmts[jobs[0][0]])  # one view per group
-            todo = [(fmts[i], modes[mi], (i, mi) == (measured[0], 0)) for i, mi in jobs]
-            return tally_jobs(part, todo, backend, offset=start, seed=seed, tensor_amax=amax)
+    def task(item: tuple) -> list[Partial]:
+        (start, stop), jobs = item
+        part = chunk_view(flat, shape, start, stop, fmts[jobs[0][0]])  # one view per group
+        todo = [(fmts[i], modes[mi], (i, mi) == (measured[0], 0)) for i, mi in jobs]
+        return tally_jobs(part, todo, backend, offset=start, seed=seed, tensor_amax=amax)
 
-        for (start, stop), parts in zip(slices, _map(backend, task, list(slices))):
+    def collect(items: list, results: list) -> None:
+        found: dict[tuple[int, int], Partial] = {}  # (format position, mode position)
+        for ((start, stop), jobs), parts in zip(items, results):
             for k, p in zip(jobs, parts):
                 found[k] = found[k] + p if k in found else p
             progress((stop - start) * len(jobs))
-    for i in measured:
-        for mi, m in enumerate(modes):
-            out.results[(*key, fmts[i].name, m.value)] = found.get((i, mi), Partial())
-    out.hist[key] = found.get((measured[0], 0), Partial()).hist
+        if not measured:
+            return
+        for i in measured:
+            for mi, m in enumerate(modes):
+                out.results[(*key, fmts[i].name, m.value)] = found.get((i, mi), Partial())
+        out.hist[key] = found.get((measured[0], 0), Partial()).hist
+
+    return _Tasks(backend, task, items, collect)
 
 
 def _swamping(
     tr: Any, e: Any, grad: np.ndarray, fmts: list, seed: int, backend: Backend, out: Analysis
-) -> None:
+) -> _Tasks:
+    """Submit the swamping of one gradient's update (both rounding modes, every element
+    format) where the trace has its parameter and learning rate; finishing the returned
+    tasks puts the totals into ``out.swamping``."""
     lr = tr.lr(e.step)
     params = [p for p in tr.entries(step=e.step, role="param") if p.name == e.name]
-    if lr is None or not params:
-        return
+    elems = list({f.name: f for f in fmts if isinstance(f, Format)}.values())  # each name once
+    if lr is None or not params or not elems:
+        return _Tasks(backend, None, [], lambda items, results: None)
     theta = tr.read(params[0])
     if tuple(theta.shape) != tuple(grad.shape):
         raise ValueError(
             f"{params[0].file}: param {e.name!r} has shape {tuple(theta.shape)}, "
             f"its gradient {tuple(grad.shape)}"
         )
-    elems = list({f.name: f for f in fmts if isinstance(f, Format)}.values())  # each name once
-    if not elems:
-        return
     t_flat, g_flat = theta.reshape(-1), grad.reshape(-1)
 
     def task(start: int) -> list[tuple[SwampPartial, SwampPartial]]:
@@ -468,14 +521,17 @@ def _swamping(
         g = np.asarray(g_flat[start : start + CHUNK], np.float32)
         return [swamping_chunk(t, g, f, backend, seed=seed, scale=-lr, offset=start) for f in elems]
 
-    total: dict[tuple[str, str], SwampPartial] = {}
-    for parts in _map(backend, task, list(range(0, t_flat.size, CHUNK))):
-        for f, pair in zip(elems, parts):
-            for m, sp in zip(SWAMP_MODES, pair):
-                k = (f.name, m.value)
-                total[k] = total[k] + sp if k in total else sp
-    for f in elems:
-        for m in SWAMP_MODES:
-            out.swamping[(e.step, "param", e.name, f.name, m.value)] = total.get(
-                (f.name, m.value), SwampPartial()
-            )
+    def collect(items: list, results: list) -> None:
+        total: dict[tuple[str, str], SwampPartial] = {}
+        for parts in results:
+            for f, pair in zip(elems, parts):
+                for m, sp in zip(SWAMP_MODES, pair):
+                    k = (f.name, m.value)
+                    total[k] = total[k] + sp if k in total else sp
+        for f in elems:
+            for m in SWAMP_MODES:
+                out.swamping[(e.step, "param", e.name, f.name, m.value)] = total.get(
+                    (f.name, m.value), SwampPartial()
+                )
+
+    return _Tasks(backend, task, list(range(0, t_flat.size, CHUNK)), collect)
