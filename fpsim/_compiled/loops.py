@@ -82,20 +82,21 @@ def fma32(typingctx, a, b, c):
     return sig, codegen
 
 
-@intrinsic
-def bits32(typingctx, x):
-    def codegen(context, builder, signature, args):
-        return builder.bitcast(args[0], ir.IntType(32))
+def bitcast(src: Any, dst: Any, llvm_type: Any) -> Any:
+    """A numba intrinsic reinterpreting the bits of a ``src`` scalar as a ``dst`` scalar (one
+    LLVM ``bitcast``, generated inline at each call: no compiled code of its own to go stale)."""
 
-    return types.uint32(types.float32), codegen
+    def cast(typingctx: Any, x: Any) -> Any:
+        def codegen(context: Any, builder: Any, signature: Any, args: Any) -> Any:
+            return builder.bitcast(args[0], llvm_type)
+
+        return dst(src), codegen
+
+    return intrinsic(cast)
 
 
-@intrinsic
-def float32_of(typingctx, x):
-    def codegen(context, builder, signature, args):
-        return builder.bitcast(args[0], ir.FloatType())
-
-    return types.float32(types.uint32), codegen
+bits32 = bitcast(types.float32, types.uint32, ir.IntType(32))
+float32_of = bitcast(types.uint32, types.float32, ir.FloatType())
 
 
 @jit

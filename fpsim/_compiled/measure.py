@@ -1,14 +1,15 @@
 """Compiled loops of the analysis and of the numpy-facing element verbs (numba).
 
-One loop per job, each one read of its inputs: :func:`encode` (the element verb ``encode``),
-:func:`element_tally` (a chunk of a tensor encoded, decoded and tallied under one element
-format: every count, the error and signal sums, the maxima and the log2 histogram),
-:func:`value_tally` (the same tallies for values a block recipe produced) and
-:func:`swamp_tally` (the swamping of an update, both rounding modes of the analysis in one
-pass). They give the bits of the numpy tier (:mod:`fpsim.emulate._bitcore` for the codes,
-:mod:`fpsim.analysis.metrics` for the tallies): ``_encode_float`` and ``_encode_int`` are its
-integer rules on the float64 bit pattern, element by element (a float32 input is widened
-exactly first; the rules depend on the value only), and the float sums are exact.
+One loop per job, each one read of its inputs: :func:`codes_tile` (the element verb
+``encode``), :func:`element_tally` (a chunk of a tensor encoded, decoded and tallied under one
+element format: every count, the error and signal sums, the maxima and the log2 histogram),
+:func:`block_tally` (the same under a block recipe, from the amaxes of :func:`block_amax`),
+:func:`value_tally` (the tallies of values computed elsewhere) and :func:`swamp_tally` (the
+swamping of an update, both rounding modes of the analysis in one pass). They give the bits
+of the numpy tier (:mod:`fpsim.emulate._bitcore` for the codes, :mod:`fpsim.analysis.metrics`
+for the tallies): :func:`encode_float` and :func:`encode_int` are its integer rules on the
+float64 bit pattern, element by element (a float32 input is widened exactly first; the rules
+depend on the value only), and the float sums are exact.
 
 Exact sums: a sum is kept as integer bins, bin ``k`` counting units of ``2**(k + KMIN)``. A
 term is a float64 significand (53 bits) times a power of two: ``|v|`` itself, or the square
@@ -31,10 +32,9 @@ from __future__ import annotations
 import numpy as np
 from llvmlite import ir
 from numba import types
-from numba.extending import intrinsic
 
 from .kinds import KMIN, NBINS
-from .loops import _compiler, jit
+from .loops import _compiler, bitcast, bits32, float32_of, jit
 
 # Per-element helpers are inlined into the loops at numba's IR level: a call that LLVM leaves
 # out of line pays reference counting on every array argument, per element.
@@ -61,36 +61,8 @@ _GOLD1 = _U(0xBF58476D1CE4E5B9)
 _GOLD2 = _U(0x94D049BB133111EB)
 
 
-@intrinsic
-def bits64(typingctx, x):
-    def codegen(context, builder, signature, args):
-        return builder.bitcast(args[0], ir.IntType(64))
-
-    return types.uint64(types.float64), codegen
-
-
-@intrinsic
-def float64_of(typingctx, x):
-    def codegen(context, builder, signature, args):
-        return builder.bitcast(args[0], ir.DoubleType())
-
-    return types.float64(types.uint64), codegen
-
-
-@intrinsic
-def float32_of(typingctx, x):
-    def codegen(context, builder, signature, args):
-        return builder.bitcast(args[0], ir.FloatType())
-
-    return types.float32(types.uint32), codegen
-
-
-@intrinsic
-def bits32(typingctx, x):
-    def codegen(context, builder, signature, args):
-        return builder.bitcast(args[0], ir.IntType(32))
-
-    return types.uint32(types.float32), codegen
+bits64 = bitcast(types.float64, types.uint64, ir.IntType(64))
+float64_of = bitcast(types.uint64, types.float64, ir.DoubleType())
 
 
 @jit
@@ -329,34 +301,21 @@ def encode_fast(x, p, out):
 
 
 @jit
-def encode(x, p, mode, rand, nbits, out):
-    # fpsim.emulate.element.encode_array on numpy: out[i] = the code of x[i]; rand holds the
-    # stochastic words (x's size) or is empty; rand is read only in the stochastic mode
-    if mode == NEAREST_EVEN and p[P_FAST] != 0 and p[P_INT] == 0:
-        encode_fast(x, p, out)
-        return
-    if mode == STOCHASTIC and p[P_FAST] != 0 and p[P_INT] == 0 and p[P_M] <= 20 and nbits == 32:
-        stochastic_fast(x, p, _U(0), 0, rand, out)
-        return
-    stochastic = mode == STOCHASTIC
-    for i in range(x.size):
-        r = _U(rand[i]) if stochastic else _U(0)
-        out[i] = encode_one(np.float64(x[i]), p, mode, r, nbits)
-
-
-@jit
-def codes_tile(x, p, mode, nbits, mix, offset, out):
+def codes_tile(x, p, mode, nbits, mix, offset, rand, out):
     # out[i] = the code of x[i] (float32 or float64) under the element format p; stochastic
-    # words random_word(mix, offset + i)
+    # words rand[i] (x's size), or random_word(mix, offset + i) where rand is empty
+    # (fpsim.emulate.element.encode_array on numpy: the verb's words, offset 0)
     if mode == NEAREST_EVEN and p[P_FAST] != 0 and p[P_INT] == 0:
         encode_fast(x, p, out)
         return
     if mode == STOCHASTIC and p[P_FAST] != 0 and p[P_INT] == 0 and p[P_M] <= 20 and nbits == 32:
-        stochastic_fast(x, p, mix, offset, np.zeros(0, np.uint32), out)
+        stochastic_fast(x, p, mix, offset, rand, out)
         return
-    stochastic = mode == STOCHASTIC
+    given = rand.size > 0
     for i in range(x.size):
-        r = random_word(mix, offset + i) if stochastic else _U(0)
+        r = _U(0)
+        if mode == STOCHASTIC:
+            r = _U(rand[i]) if given else random_word(mix, offset + i)
         out[i] = encode_one(np.float64(x[i]), p, mode, r, nbits)
 
 
@@ -501,12 +460,12 @@ def element_tally(x, p, mode, nbits, mix, offset, table, counts, bins, maxes):
     # one chunk (flat, float32 or float64, starting at flat index `offset` of its tensor)
     # encoded (stochastic words random_word(mix, offset + i)), decoded and tallied
     # (tally_tile), tile by tile
-    n = x.size
+    n, nowords = x.size, np.zeros(0, np.uint32)
     codes, q = np.empty(TILE, np.uint64), np.empty(TILE, np.float32)
     at_max, sub = np.empty(TILE, np.bool_), np.empty(TILE, np.bool_)
     for lo in range(0, n, TILE):
         k = min(n, lo + TILE) - lo
-        codes_tile(x[lo : lo + k], p, mode, nbits, mix, offset + lo, codes[:k])
+        codes_tile(x[lo : lo + k], p, mode, nbits, mix, offset + lo, nowords, codes[:k])
         values_tile(codes[:k], p, table, q[:k], at_max[:k], sub[:k])
         tally_tile(x[lo : lo + k], q[:k], at_max[:k], sub[:k], counts, bins, maxes)
 
@@ -528,7 +487,7 @@ def swamp_tally(theta, g, scale, p, table, mix, offset, counts, bins):
     # (nearest-even), d = float32(scale * g), the sum t + d (float64) rounded once.
     # counts[2 mode]: updates, [2 mode + 1]: lost; bins rows 2 mode: sum |d|, 2 mode + 1:
     # sum |realised|
-    n = theta.size
+    n, nowords = theta.size, np.zeros(0, np.uint32)
     codes, q = np.empty(TILE, np.uint64), np.empty(TILE, np.float32)
     at_max, sub = np.empty(TILE, np.bool_), np.empty(TILE, np.bool_)
     t, s = np.empty(TILE, np.float64), np.empty(TILE, np.float64)
@@ -536,14 +495,16 @@ def swamp_tally(theta, g, scale, p, table, mix, offset, counts, bins):
     d = np.empty(TILE, np.float32)
     for lo in range(0, n, TILE):
         k = min(n, lo + TILE) - lo
-        codes_tile(theta[lo : lo + k], p, NEAREST_EVEN, 32, mix, 0, codes[:k])
+        codes_tile(theta[lo : lo + k], p, NEAREST_EVEN, 32, mix, 0, nowords, codes[:k])
         values_tile(codes[:k], p, table, q[:k], at_max[:k], sub[:k])
         for i in range(k):
             t[i] = np.float64(q[i])
             d[i] = scale * g[lo + i]
             s[i] = t[i] + np.float64(d[i])
         for m in range(2):
-            codes_tile(s[:k], p, NEAREST_EVEN if m == 0 else STOCHASTIC, 32, mix, offset + lo, codes[:k])
+            codes_tile(
+                s[:k], p, NEAREST_EVEN if m == 0 else STOCHASTIC, 32, mix, offset + lo, nowords, codes[:k]
+            )
             values_tile(codes[:k], p, table, new[m, :k], at_max[:k], sub[:k])
         jlo, jhi = NBINS, -1
         c_up = c_lost0 = c_lost1 = 0  # (local counters: no store-to-load chain per element)
@@ -593,43 +554,7 @@ def block_amax(x, row, block, ignore_nan, out):
 
 
 @jit
-def block_index(tile, row, block, state):
-    # tile[i] = the block of the next element (state: row, column, column in its block and
-    # block of the next element, advanced; no division per element)
-    c, cb, b = state[0], state[1], state[2]
-    for i in range(tile.size):
-        tile[i] = b
-        c += 1
-        cb += 1
-        if c == row:
-            c, cb, b = 0, 0, b + 1
-        elif cb == block:
-            cb, b = 0, b + 1
-    state[0], state[1], state[2] = c, cb, b
-
-
-@jit
-def block_tally(
-    x,
-    xs,
-    row,
-    block,
-    kind,
-    f32,
-    f64,
-    p,
-    mode,
-    nbits,
-    mix,
-    offset,
-    table,
-    dkind,
-    dscale,
-    tscale,
-    counts,
-    bins,
-    maxes,
-):
+def block_tally(x, xs, layout, f32, f64, dscale, tscale, p, mode, mix, offset, table, counts, bins, maxes):
     # a chunk under a block recipe, encoded, decoded and tallied (tally_tile against x, the
     # float32 or float64 input) tile by tile, as fpsim.emulate.blocks encodes and decodes
     # xs (x as float32) in blocks of block_amax's layout: element inputs
@@ -637,25 +562,32 @@ def block_tally(
     # 2: float64 xs * f64[b] (NaN where f64[b] is); the element format p (saturating),
     # stochastic words random_word(mix, offset + i); stored values (blocks._decode_rows) with
     # the decoded scales dscale[b], dkind 0: float64 product (MX), 1: (v * s) * tscale
-    # (NVFP4), 2: v * s
-    n = x.size
+    # (NVFP4), 2: v * s; layout = (row, block, kind, dkind)
+    row, block, kind, dkind = layout
+    n, nowords = x.size, np.zeros(0, np.uint32)
     codes, q = np.empty(TILE, np.uint64), np.empty(TILE, np.float32)
     at_max, sub = np.empty(TILE, np.bool_), np.empty(TILE, np.bool_)
     v, bi = np.empty(TILE, np.float64), np.empty(TILE, np.int64)
-    state = np.zeros(3, np.int64)
+    c = cb = b = 0  # column, column in the block, block of the next element (no division)
     for lo in range(0, n, TILE):
         k = min(n, lo + TILE) - lo
-        block_index(bi[:k], row, block, state)
         for i in range(k):
-            xi, b = xs[lo + i], bi[i]
+            bi[i] = b
+            c, cb = c + 1, cb + 1
+            if c == row:
+                c, cb, b = 0, 0, b + 1
+            elif cb == block:
+                cb, b = 0, b + 1
+        for i in range(k):
+            xi, j = xs[lo + i], bi[i]
             if kind == 0:
-                v[i] = np.float64(xi * f32[b])
+                v[i] = np.float64(xi * f32[j])
             elif kind == 1:
-                v[i] = np.float64(xi / f32[b])
+                v[i] = np.float64(xi / f32[j])
             else:
-                fb = f64[b]
-                v[i] = np.nan if fb != fb else np.float64(xi) * fb
-        codes_tile(v[:k], p, mode, nbits, mix, offset + lo, codes[:k])
+                fj = f64[j]
+                v[i] = np.nan if fj != fj else np.float64(xi) * fj
+        codes_tile(v[:k], p, mode, 32, mix, offset + lo, nowords, codes[:k])
         values_tile(codes[:k], p, table, q[:k], at_max[:k], sub[:k])
         for i in range(k):
             s = dscale[bi[i]]

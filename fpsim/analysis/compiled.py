@@ -142,7 +142,7 @@ def block_partial(
     in one compiled pass, their factors and scales by the numpy rules
     (:func:`fpsim.emulate.scale_rules.block_factors`, on one value per block), then the
     elements encoded, decoded and tallied in one compiled pass (same counts and sums:
-    tests/analysis/test_compiled.py)."""
+    tests/analysis/test_compiled_analysis.py)."""
     layout = block_layout(x.shape, bf)
     if layout is None:
         return None
@@ -165,9 +165,10 @@ def block_partial(
     p = element.loop_params(el, True, isinstance(el, Format) and not el.subnormals)
     tscale = np.float32(tensor if tensor is not None else 1)
     out = _outputs()
+    how = (row, block, kind, _DECODE_KIND.get(bf.rule, 0))
     loops.block_tally(
-        flat, xs, row, block, kind, f32, f64, p, element.MODE_CODES[mode], 32, _mix(seed), offset,
-        element.loop_table(el), _DECODE_KIND.get(bf.rule, 0), dscale, tscale, *out,
+        flat, xs, how, f32, f64, dscale, tscale, p, element.MODE_CODES[mode], _mix(seed), offset,
+        element.loop_table(el), *out,
     )  # fmt: skip
     return _partial(inp, *out, with_hist)
 

@@ -173,7 +173,7 @@ def pool() -> ThreadPoolExecutor:
 
 
 def _encode_compiled(x: np.ndarray, fmt: AnyFormat, mode: RoundMode, saturate, subnormals, rand, nbits):
-    """:func:`encode_array` by :func:`fpsim._compiled.measure.encode`, piece by piece on the pool."""
+    """:func:`encode_array` by :func:`fpsim._compiled.measure.codes_tile`, piece by piece on the pool."""
     ftz = isinstance(fmt, Format) and not (subnormals and fmt.subnormals)
     p = loop_params(fmt, bool(saturate), ftz)
     flat = np.ascontiguousarray(x).reshape(-1)
@@ -183,7 +183,7 @@ def _encode_compiled(x: np.ndarray, fmt: AnyFormat, mode: RoundMode, saturate, s
 
     def run(a: int) -> None:
         b = min(flat.size, a + PIECE)
-        loops.encode(flat[a:b], p, code, r[a:b] if r.size else r, nbits, out[a:b])
+        loops.codes_tile(flat[a:b], p, code, nbits, np.uint64(0), 0, r[a:b] if r.size else r, out[a:b])
 
     if flat.size <= PIECE:
         run(0)
