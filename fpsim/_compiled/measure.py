@@ -485,8 +485,8 @@ def swamp_tally(theta, g, scale, p, table, mix, offset, counts, bins):
     # fpsim.analysis.metrics.swamping_partial of one chunk for nearest-even (mode 0) and
     # stochastic rounding (mode 1, words random_word(mix, offset + i)): t = theta stored
     # (nearest-even), d = float32(scale * g), the sum t + d (float64) rounded once.
-    # counts[2 mode]: updates, [2 mode + 1]: lost; bins rows 2 mode: sum |d|, 2 mode + 1:
-    # sum |realised|
+    # counts[0]: updates, [1 + mode]: lost; bins row 0: sum |d| (the same in both modes),
+    # row 1 + mode: sum |realised|
     n, nowords = theta.size, np.zeros(0, np.uint32)
     codes, q = np.empty(TILE, np.uint64), np.empty(TILE, np.float32)
     at_max, sub = np.empty(TILE, np.bool_), np.empty(TILE, np.bool_)
@@ -515,7 +515,7 @@ def swamp_tally(theta, g, scale, p, table, mix, offset, counts, bins):
             a, j = abs_term(di)
             jlo, jhi = min(jlo, j), max(jhi, j)
             c_up += 1
-            bins[0, j] += a  # the intended sum, the same in both modes (row 2 copies it below)
+            bins[0, j] += a
             n0, n1 = np.float64(new[0, i]), np.float64(new[1, i])
             c_lost0 += n0 == ti
             c_lost1 += n1 == ti
@@ -525,14 +525,12 @@ def swamp_tally(theta, g, scale, p, table, mix, offset, counts, bins):
                 jlo, jhi = min(jlo, jj), max(jhi, jj)
             if abs(n1) < np.inf and n1 != ti:
                 b, jj = abs_term(n1 - ti)
-                bins[3, jj] += b
+                bins[2, jj] += b
                 jlo, jhi = min(jlo, jj), max(jhi, jj)
         counts[0] += c_up
-        counts[2] += c_up
         counts[1] += c_lost0
-        counts[3] += c_lost1
+        counts[2] += c_lost1
         carry(bins, jlo, jhi)
-    bins[2] = bins[0]
 
 
 @jit

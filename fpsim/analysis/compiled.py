@@ -120,8 +120,13 @@ def block_layout(shape: tuple[int, ...], bf: BlockFormat) -> tuple[int, int] | N
     return row, row if bf.block[0] == -1 else bf.block[0]
 
 
-_FACTOR_KIND = {ScaleRule.TE: 0, ScaleRule.NVFP4: 0, ScaleRule.ABSMAX: 1}  # MX rules: 2
-_DECODE_KIND = {ScaleRule.NVFP4: 1, ScaleRule.TE: 2, ScaleRule.ABSMAX: 2}  # MX rules: 0
+def _rule_kinds(rule: ScaleRule) -> tuple[int, int]:
+    """block_tally's numbers for a rule: how elements are scaled (0: float32 product, 1:
+    float32 quotient, 2: exact float64 product) and how stored values are decoded (0: float64
+    product, 1: NVFP4's two float32 products, 2: one float32 product)."""
+    if rule.is_mx:
+        return 2, 0
+    return {ScaleRule.TE: (0, 2), ScaleRule.NVFP4: (0, 1), ScaleRule.ABSMAX: (1, 2)}[rule]
 
 
 def block_partial(
@@ -158,14 +163,14 @@ def block_partial(
     with np.errstate(invalid="ignore", divide="ignore", over="ignore"):
         factor, scales, tensor = block_factors(amax, bf, tensor_amax)
         dscale = np.ascontiguousarray(element.decode_array(scales, bf.scale_format), np.float32)
-    kind = _FACTOR_KIND.get(bf.rule, 2)
+    kind, dkind = _rule_kinds(bf.rule)
     f32 = np.ascontiguousarray(factor, np.float32) if kind < 2 else np.zeros(0, np.float32)
     f64 = np.ascontiguousarray(factor, np.float64) if kind == 2 else np.zeros(0, np.float64)
     el = bf.element
     p = element.loop_params(el, True, isinstance(el, Format) and not el.subnormals)
     tscale = np.float32(tensor if tensor is not None else 1)
     out = _outputs()
-    how = (row, block, kind, _DECODE_KIND.get(bf.rule, 0))
+    how = (row, block, kind, dkind)
     loops.block_tally(
         flat, xs, how, f32, f64, dscale, tscale, p, element.MODE_CODES[mode], _mix(seed), offset,
         element.loop_table(el), *out,
@@ -196,16 +201,17 @@ def swamp_partials(
     t = np.ascontiguousarray(theta, np.float32).reshape(-1)
     g = np.ascontiguousarray(delta, np.float32).reshape(-1)
     p = element.loop_params(fmt, False, isinstance(fmt, Format) and not fmt.subnormals)
-    counts, bins = np.zeros(4, np.int64), np.zeros((4, NBINS), np.int64)
+    counts, bins = np.zeros(3, np.int64), np.zeros((3, NBINS), np.int64)
     _compiled.load_measure().swamp_tally(
         t, g, np.float32(scale), p, element.loop_table(fmt), _mix(seed), offset, counts, bins
     )
+    intended = exact_from_bins(bins[0])  # the same update in both modes
     return tuple(
         SwampPartial(
-            updates=int(counts[2 * m]),
-            lost=int(counts[2 * m + 1]),
-            sum_abs_intended=exact_from_bins(bins[2 * m]),
-            sum_abs_realised=exact_from_bins(bins[2 * m + 1]),
+            updates=int(counts[0]),
+            lost=int(counts[1 + m]),
+            sum_abs_intended=intended,
+            sum_abs_realised=exact_from_bins(bins[1 + m]),
         )
         for m in range(2)
     )

@@ -81,7 +81,9 @@ def apply_factor(xb: np.ndarray, factor: np.ndarray, rule: ScaleRule) -> np.ndar
         return xb / factor
     if rule in (ScaleRule.TE, ScaleRule.NVFP4):
         return xb * factor
-    return np.where(np.isnan(factor), np.nan, xb.astype(np.float64) * factor)
+    if rule.is_mx:
+        return np.where(np.isnan(factor), np.nan, xb.astype(np.float64) * factor)
+    raise ValueError(f"no element factor for scale rule {rule.name}")
 
 
 def _mx_exponent(amax: np.ndarray, bf: BlockFormat) -> np.ndarray:

@@ -81,15 +81,35 @@ def test_block_recipes(name, shape):
                 assert_same(got, want, name, shape, dtype, mode, amax)
 
 
-def test_block_recipes_run_compiled():
-    """The fused loop, not the numpy encoders, measures the recipes whose blocks are runs."""
+def test_block_recipes_run_compiled(monkeypatch):
+    """The fused loop, not the numpy encoders, measures the recipes whose blocks are runs of
+    elements; 2-D tiles and codebooks still go through the numpy encoders."""
     pytest.importorskip("numba")
     from fpsim.analysis.compiled import block_layout
+    from fpsim.emulate import blocks
 
     assert block_layout((4, 64), RECIPES["mxfp8_e4m3"]) == (64, 32)
     assert block_layout((4, 64), RECIPES["e4m3_tensor"]) == (256, 256)
     assert block_layout((256,), RECIPES["int8_block256"]) == (256, 256)
     assert block_layout((4, 64), RECIPES["e4m3_tile128"]) is None
+    real, used = blocks.encode_array, []
+
+    def spy(x, bf, *args, **kwargs):
+        used.append(bf.name)
+        return real(x, bf, *args, **kwargs)
+
+    monkeypatch.setattr(blocks, "encode_array", spy)
+    x = np.resize(X32, (128, 128))
+    for name in (
+        "mxfp8_e4m3",
+        "nvfp4",
+        "e4m3_tensor",
+        "int8_block256",
+        "e4m3_tile128",
+        "bnb_dynamic8_block256",
+    ):
+        tally_chunk(x, RECIPES[name], RoundMode.NEAREST_EVEN, Backend.COMPILED, tensor_amax=7.5)
+    assert used == ["e4m3_tile128", "bnb_dynamic8_block256"]
 
 
 @pytest.mark.parametrize("name", sorted(FORMATS))
