@@ -47,16 +47,11 @@ TILE = 1000
 # a tuple, passed by value: an array argument would be reference-counted per call)
 P_INT, P_M, P_E, P_EMIN, P_ZERO, P_SIGNED, P_NAN, P_ENC, P_MAX, P_INF, P_NANCODE = range(11)
 P_FRAC, P_BITS, P_CLAMP, P_MAXINT, P_MININT, P_SAT, P_FTZ, P_WIDE, P_SUB, P_FAST = range(11, 21)
-NPARAMS = 21
 
 _U = np.uint64
 _INF64 = _U(0x7FF0000000000000)
 _MAG64 = _U(0x7FFFFFFFFFFFFFFF)
 _MANT64 = _U((1 << 52) - 1)
-_GOLD1 = _U(0xBF58476D1CE4E5B9)
-_GOLD2 = _U(0x94D049BB133111EB)
-
-
 bits64 = bitcast(types.float64, types.uint64, ir.IntType(64))
 float64_of = bitcast(types.uint64, types.float64, ir.DoubleType())
 
@@ -65,8 +60,8 @@ float64_of = bitcast(types.uint64, types.float64, ir.DoubleType())
 def random_word(mix, index):
     # fpsim.emulate.random.random_bits_at: SplitMix64 of index + seed * G, low 32 bits
     z = _U(index) + mix
-    z = (z ^ (z >> _U(30))) * _GOLD1
-    z = (z ^ (z >> _U(27))) * _GOLD2
+    z = (z ^ (z >> _U(30))) * _U(0xBF58476D1CE4E5B9)
+    z = (z ^ (z >> _U(27))) * _U(0x94D049BB133111EB)
     return (z ^ (z >> _U(31))) & _U(0xFFFFFFFF)
 
 
@@ -205,15 +200,22 @@ def encode_int(x, p, mode, r, nbits):
 
 
 @jit
+def signed_code(b, c, m, shift, fnuz, ftz):
+    # (magnitude code, code) of nearest_code and stochastic_code: c flushed to zero below the
+    # normal range where ftz, the sign of the float64 bits b added (none on a zero in FNUZ)
+    c = _U(0) if ftz and c < (_U(1) << _U(m)) else c
+    neg = (b >> _U(63)) != _U(0)
+    return c, c | (_U((neg & (c != _U(0))) if fnuz else neg) << shift)
+
+
+@jit
 def nearest_code(x, m, emin, shift, fnuz, ftz):
-    # encode_float in nearest-even for a signed format with a zero (p[P_FAST]) without the
-    # special cases, as fpsim.emulate._bitcore.encode_float_numpy does it: in the normal
-    # range the code is the magnitude bits rounded at a fixed position minus the bias
-    # difference; below it x is scaled to units of the subnormal quantum and rounded to an
-    # integer by adding 2**52 (exact: float64 holds every scaled value, and the addition
-    # rounds to nearest-even). Right wherever the magnitude code is at most the largest
-    # finite one (callers check, and take beyond_code otherwise: overflow, inf, NaN).
-    # Scalar arguments and no calls, so that it inlines into the loops and vectorizes
+    # encode_float in nearest-even for p[P_FAST] formats without the special cases, as
+    # fpsim.emulate._bitcore.encode_float_numpy does it: normal range, the magnitude bits
+    # rounded at a fixed position minus the bias difference; below it, x in units of the
+    # subnormal quantum rounded by adding 2**52 (exact, and rounds to nearest-even). Right
+    # where the magnitude code is at most the largest finite one (else beyond_code).
+    # Scalar arguments, so that it inlines into the loops and vectorizes
     b = bits64(x)
     mag = b & _MAG64
     d = _U(52 - m)
@@ -221,23 +223,16 @@ def nearest_code(x, m, emin, shift, fnuz, ftz):
     two52 = 4503599627370496.0
     scale = float64_of(_U(1023 + m - emin) << _U(52))
     sub = bits64(float64_of(mag) * scale + two52) - bits64(two52)
-    c = sub if mag < _U((emin + 1023) << 52) else nor
-    if ftz:
-        c = _U(0) if c < (_U(1) << _U(m)) else c
-    neg = (b >> _U(63)) != _U(0)
-    sign_out = (neg & (c != _U(0))) if fnuz else neg
-    return c, c | (_U(sign_out) << shift)
+    return signed_code(b, sub if mag < _U((emin + 1023) << 52) else nor, m, shift, fnuz, ftz)
 
 
 @jit
 def stochastic_code(x, r, m, emin, shift, fnuz, ftz):
-    # encode_float in stochastic rounding with 32-bit words r for a signed format with a zero
-    # and at most 20 mantissa bits (so that at least 32 bits are discarded: the rule keeps
-    # the top 32 of them, top, and rounds away iff top + r >= 2**32), without the special
-    # cases: in the normal range at the fixed position of nearest_code; below it at the
-    # subnormal quantum, d = emin - m + 1075 - max(es, 1) bits of the significand (d >= 33;
-    # clamped where everything is discarded). Right wherever the magnitude code is at most
-    # the largest finite one (callers check)
+    # encode_float in stochastic rounding, 32-bit words r, p[P_FAST] formats of at most 20
+    # mantissa bits (at least 32 bits discarded: keep their top 32, top, round away iff
+    # top + r >= 2**32), without the special cases: normal range at nearest_code's fixed
+    # position; below it at the subnormal quantum, d = emin - m + 1075 - max(es, 1) bits
+    # (d >= 33, clamped where all is discarded). Right where nearest_code is
     b = bits64(x)
     mag = b & _MAG64
     d = _U(52 - m)
@@ -251,12 +246,7 @@ def stochastic_code(x, r, m, emin, shift, fnuz, ftz):
     dk = _U(min(dv, np.int64(63)))
     top_s = (sig & ((_U(1) << dk) - _U(1))) >> _U(dv - 32)
     sub = (sig >> dk) + ((top_s + r) >> _U(32))
-    c = sub if mag < _U((emin + 1023) << 52) else nor
-    if ftz:
-        c = _U(0) if c < (_U(1) << _U(m)) else c
-    neg = (b >> _U(63)) != _U(0)
-    sign_out = (neg & (c != _U(0))) if fnuz else neg
-    return c, c | (_U(sign_out) << shift)
+    return signed_code(b, sub if mag < _U((emin + 1023) << 52) else nor, m, shift, fnuz, ftz)
 
 
 @jit
@@ -534,48 +524,60 @@ def swamp_tally(theta, g, scale, p, table, mix, offset, counts, bins):
 
 
 @jit
-def block_amax(x, row, block, ignore_nan, out):
-    # fpsim.emulate.blocks._encode_rows' amax of each block of a chunk (float32, flat): rows
-    # of `row` elements, each cut into blocks of `block` (the last one of a row shorter,
-    # as if padded with zeros); max(|x|) from 0, NaN skipped (fmaxf) where ignore_nan, else
-    # kept (torch.amax). out[b], blocks numbered row by row
-    per_row = (row + block - 1) // block
-    keep_nan = not ignore_nan
-    for r in range(x.size // row):
-        for k in range(per_row):
-            lo = r * row + k * block
-            a = np.float32(0)
-            for i in range(lo, min(lo + block, (r + 1) * row)):
-                v = abs(x[i])
-                a = v if (v > a) | ((v != v) & keep_nan) else a
-            out[r * per_row + k] = a
+def block_ids(bi, layout, state):
+    # bi[i] = the block of each next element, cut as fpsim.emulate.blocks cuts: rows of cols
+    # elements, matrices of rows rows, br x bc tiles ragged at the ends (as if padded),
+    # numbered band by band; state (column, in tile, row, in band, block, matrix's first
+    # block, band) carried from tile to tile, no division
+    cols, bc, rows, br = layout[0], layout[1], layout[2], layout[3]
+    per_row, bands = (cols + bc - 1) // bc, (rows + br - 1) // br
+    c, cb, r, rb, b, m0, band = state[0], state[1], state[2], state[3], state[4], state[5], state[6]
+    for i in range(bi.size):
+        bi[i] = b
+        c, cb = c + 1, cb + 1
+        if c == cols:
+            c, cb, r, rb = 0, 0, r + 1, rb + 1
+            if r == rows:
+                r, rb, band, m0 = 0, 0, 0, m0 + per_row * bands
+            elif rb == br:
+                rb, band = 0, band + 1
+            b = m0 + band * per_row
+        elif cb == bc:
+            cb, b = 0, b + 1
+    state[0], state[1], state[2], state[3], state[4], state[5], state[6] = c, cb, r, rb, b, m0, band
+
+
+@jit
+def block_amax(x, layout, ignore_nan, out):
+    # fpsim.emulate.blocks._encode_rows' amax of each block (block_ids) of a chunk (float32,
+    # flat) into out (zeros): max(|x|), NaN skipped (fmaxf) where ignore_nan, else kept
+    keep_nan, bi, state = not ignore_nan, np.empty(TILE, np.int64), np.zeros(7, np.int64)
+    for lo in range(0, x.size, TILE):
+        k = min(x.size, lo + TILE) - lo
+        block_ids(bi[:k], layout, state)
+        for i in range(k):
+            v, a = abs(x[lo + i]), out[bi[i]]
+            out[bi[i]] = v if (v > a) | ((v != v) & keep_nan) else a
 
 
 @jit
 def block_tally(x, xs, layout, f32, f64, dscale, tscale, p, mode, mix, offset, table, counts, bins, maxes):
     # a chunk under a block recipe, encoded, decoded and tallied (tally_tile against x, the
     # float32 or float64 input) tile by tile, as fpsim.emulate.blocks encodes and decodes
-    # xs (x as float32) in blocks of block_amax's layout: element inputs
+    # xs (x as float32) in the blocks of block_ids: element inputs
     # (fpsim.emulate.scale_rules.apply_factor) kind 0: xs * f32[b], 1: xs / f32[b] (float32),
     # 2: float64 xs * f64[b] (NaN where f64[b] is); the element format p (saturating),
     # stochastic words random_word(mix, offset + i); stored values (blocks._decode_rows) with
     # the decoded scales dscale[b], dkind 0: float64 product (MX), 1: (v * s) * tscale
-    # (NVFP4), 2: v * s; layout = (row, block, kind, dkind)
-    row, block, kind, dkind = layout
+    # (NVFP4), 2: v * s; layout = (cols, bc, rows, br, kind, dkind)
+    kind, dkind = layout[4], layout[5]
     n, nowords = x.size, np.zeros(0, np.uint32)
     codes, q = np.empty(TILE, np.uint64), np.empty(TILE, np.float32)
     at_max, sub = np.empty(TILE, np.bool_), np.empty(TILE, np.bool_)
-    v, bi = np.empty(TILE, np.float64), np.empty(TILE, np.int64)
-    c = cb = b = 0  # column, column in the block, block of the next element (no division)
+    v, bi, state = np.empty(TILE, np.float64), np.empty(TILE, np.int64), np.zeros(7, np.int64)
     for lo in range(0, n, TILE):
         k = min(n, lo + TILE) - lo
-        for i in range(k):
-            bi[i] = b
-            c, cb = c + 1, cb + 1
-            if c == row:
-                c, cb, b = 0, 0, b + 1
-            elif cb == block:
-                cb, b = 0, b + 1
+        block_ids(bi[:k], layout, state)
         for i in range(k):
             xi, j = xs[lo + i], bi[i]
             if kind == 0:

@@ -103,21 +103,27 @@ def element_partial(
     return _partial(inp, *out, with_hist)
 
 
-def block_layout(shape: tuple[int, ...], bf: BlockFormat) -> tuple[int, int] | None:
-    """``(row, block)`` of a chunk of ``shape`` (as :func:`fpsim.analysis.metrics.chunk_view`
-    shapes it) whose blocks are runs of its flat elements: rows of ``row`` elements cut into
-    blocks of ``block`` (per-tensor scaling: one block; flattened recipes: one row; blocks
-    along the last axis: rows of the last axis). None for 2-D tiles and codebooks, which
-    :func:`block_partial` leaves to the numpy encoders."""
+def block_layout(shape: tuple[int, ...], bf: BlockFormat) -> tuple[int, int, int, int] | None:
+    """How a chunk of ``shape`` (as :func:`fpsim.analysis.metrics.chunk_view` shapes it) is
+    cut into blocks, as ``(cols, bc, rows, br)`` (:func:`fpsim._compiled.measure.block_ids`):
+    rows of ``cols`` elements in matrices of ``rows`` rows, tiles of ``br`` x ``bc``. Per-tensor
+    scaling: one block; flattened recipes: one row; blocks along the last axis: one row per
+    matrix; 2-D tiles: the last two axes. None for codebooks (the replay's compiled codebook
+    encoder runs them) and blocks over more than two axes, which stay on the numpy encoders."""
     n = math.prod(shape)
     if isinstance(bf.element, Codebook) or n == 0:
         return None
     if bf.block is None:
-        return n, n
-    if len(bf.block) != 1:
+        return n, n, 1, 1
+    if bf.flatten:
+        return n, bf.block[0], 1, 1
+    cols = shape[-1]
+    if len(bf.block) == 1:
+        return cols, cols if bf.block[0] == -1 else bf.block[0], 1, 1
+    if len(bf.block) != 2 or len(shape) < 2:
         return None
-    row = n if bf.flatten else shape[-1]
-    return row, row if bf.block[0] == -1 else bf.block[0]
+    rows, (br, bc) = shape[-2], bf.block
+    return cols, cols if bc == -1 else bc, rows, rows if br == -1 else br
 
 
 def _rule_kinds(rule: ScaleRule) -> tuple[int, int]:
@@ -151,26 +157,26 @@ def block_partial(
     layout = block_layout(x.shape, bf)
     if layout is None:
         return None
-    row, block = layout
+    cols, bc, rows, br = layout
     loops = _compiled.load_measure()
     flat = np.ascontiguousarray(x).reshape(-1)
     xs = element.as_float32(flat)
+    kind, dkind = _rule_kinds(bf.rule)
+    how = (cols, bc, rows, br, kind, dkind)
     if bf.block is None and tensor_amax is not None:
         amax = np.full(1, tensor_amax, np.float32)
     else:
-        amax = np.empty(flat.size // row * (-(-row // block)), np.float32)
-        loops.block_amax(xs, row, block, bf.rule in (ScaleRule.TE, ScaleRule.NVFP4), amax)
+        amax = np.zeros(flat.size // (cols * rows) * -(-cols // bc) * -(-rows // br), np.float32)
+        loops.block_amax(xs, how, bf.rule in (ScaleRule.TE, ScaleRule.NVFP4), amax)
     with np.errstate(invalid="ignore", divide="ignore", over="ignore"):
         factor, scales, tensor = block_factors(amax, bf, tensor_amax)
         dscale = np.ascontiguousarray(element.decode_array(scales, bf.scale_format), np.float32)
-    kind, dkind = _rule_kinds(bf.rule)
     f32 = np.ascontiguousarray(factor, np.float32) if kind < 2 else np.zeros(0, np.float32)
     f64 = np.ascontiguousarray(factor, np.float64) if kind == 2 else np.zeros(0, np.float64)
     el = bf.element
     p = element.loop_params(el, True, isinstance(el, Format) and not el.subnormals)
     tscale = np.float32(tensor if tensor is not None else 1)
     out = _outputs()
-    how = (row, block, kind, dkind)
     loops.block_tally(
         flat, xs, how, f32, f64, dscale, tscale, p, element.MODE_CODES[mode], _mix(seed), offset,
         element.loop_table(el), *out,

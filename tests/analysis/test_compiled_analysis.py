@@ -54,8 +54,9 @@ def test_element_formats_every_mode(name):
 
 
 # chunk shapes as metrics.chunk_view gives them: rows, rows with a ragged last block, a
-# flat 1-D tensor, a single row; the float32 data with its NaN/inf/zero blocks, and float64
-_SHAPES = ((27, 128), (36, 100), (3456,), (1, 2500), (7, 3, 64))
+# flat 1-D tensor, a single row, matrices, tile bands ragged both ways; the float32 data with
+# its NaN/inf/zero blocks, and float64
+_SHAPES = ((27, 128), (36, 100), (3456,), (1, 2500), (7, 3, 64), (260, 130))
 _BLOCK_X = {np.float32: X32, np.float64: X64}
 
 
@@ -81,17 +82,49 @@ def test_block_recipes(name, shape):
                 assert_same(got, want, name, shape, dtype, mode, amax)
 
 
+def _variants() -> dict[str, BlockFormat]:
+    """Block layouts and rules the presets do not have: per-column scales, 2-D blocks with a
+    whole axis, small tiles, the other MX scale rules."""
+    import dataclasses
+
+    from fpsim.formats import ScaleRule
+
+    tile, mx = RECIPES["e4m3_tile128"], RECIPES["mxfp8_e4m3"]
+    out = {
+        f"tile{b}": dataclasses.replace(tile, name=f"tile{b}", block=b) for b in ((-1, 1), (32, -1), (4, 8))
+    }
+    for rule in (ScaleRule.MX_CEIL, ScaleRule.MX_EVEN, ScaleRule.MX_RCEIL):
+        out[rule.name] = dataclasses.replace(mx, name=rule.name, rule=rule)
+    out["nvfp4_tiles"] = dataclasses.replace(RECIPES["nvfp4"], name="nvfp4_tiles", block=(2, 8))
+    return out
+
+
+@pytest.mark.parametrize("shape", ((260, 130), (7, 3, 64), (64, 64)), ids=str)
+@pytest.mark.parametrize("name", sorted(_variants()))
+def test_block_layouts_and_rules_beyond_the_presets(name, shape):
+    pytest.importorskip("numba")
+    fmt = _variants()[name]
+    x = np.resize(X32, shape)
+    if len(fmt.block) == 1 and len(shape) > 2:
+        x = x.reshape(-1, shape[-1])  # (chunk_view's rows)
+    for mode in (RoundMode.NEAREST_EVEN, RoundMode.STOCHASTIC):
+        kw = dict(seed=4, with_hist=False, tensor_amax=3.0, offset=77)
+        want = tally_chunk(x, fmt, mode, Backend.NUMPY, **kw)
+        assert_same(tally_chunk(x, fmt, mode, Backend.COMPILED, **kw), want, name, shape, mode)
+
+
 def test_block_recipes_run_compiled(monkeypatch):
-    """The fused loop, not the numpy encoders, measures the recipes whose blocks are runs of
-    elements; 2-D tiles and codebooks still go through the numpy encoders."""
+    """The fused loop, not the numpy encoders, measures the recipes with blocks over one or two
+    axes; codebooks go through blocks.encode_array (the replay's compiled codebook encoder)."""
     pytest.importorskip("numba")
     from fpsim.analysis.compiled import block_layout
     from fpsim.emulate import blocks
 
-    assert block_layout((4, 64), RECIPES["mxfp8_e4m3"]) == (64, 32)
-    assert block_layout((4, 64), RECIPES["e4m3_tensor"]) == (256, 256)
-    assert block_layout((256,), RECIPES["int8_block256"]) == (256, 256)
-    assert block_layout((4, 64), RECIPES["e4m3_tile128"]) is None
+    assert block_layout((4, 64), RECIPES["mxfp8_e4m3"]) == (64, 32, 1, 1)
+    assert block_layout((4, 64), RECIPES["e4m3_tensor"]) == (256, 256, 1, 1)
+    assert block_layout((256,), RECIPES["int8_block256"]) == (256, 256, 1, 1)
+    assert block_layout((2, 4, 64), RECIPES["e4m3_tile128"]) == (64, 128, 4, 128)
+    assert block_layout((4, 64), RECIPES["bnb_dynamic8_block256"]) is None
     real, used = blocks.encode_array, []
 
     def spy(x, bf, *args, **kwargs):
@@ -109,7 +142,7 @@ def test_block_recipes_run_compiled(monkeypatch):
         "bnb_dynamic8_block256",
     ):
         tally_chunk(x, RECIPES[name], RoundMode.NEAREST_EVEN, Backend.COMPILED, tensor_amax=7.5)
-    assert used == ["e4m3_tile128", "bnb_dynamic8_block256"]
+    assert used == ["bnb_dynamic8_block256"]
 
 
 @pytest.mark.parametrize("name", sorted(FORMATS))
