@@ -481,8 +481,7 @@ def swamp_tally(theta, g, scale, p, table, mix, offset, counts, bins):
     codes, q = np.empty(TILE, np.uint64), np.empty(TILE, np.float32)
     at_max, sub = np.empty(TILE, np.bool_), np.empty(TILE, np.bool_)
     t, s = np.empty(TILE, np.float64), np.empty(TILE, np.float64)
-    new = np.empty((2, TILE), np.float32)
-    d = np.empty(TILE, np.float32)
+    new, d = np.empty((2, TILE), np.float32), np.empty(TILE, np.float32)
     for lo in range(0, n, TILE):
         k = min(n, lo + TILE) - lo
         codes_tile(theta[lo : lo + k], p, NEAREST_EVEN, 32, mix, 0, nowords, codes[:k])
@@ -549,32 +548,33 @@ def block_ids(bi, layout, state):
 
 @jit
 def block_amax(x, layout, ignore_nan, out):
-    # fpsim.emulate.blocks._encode_rows' amax of each block (block_ids) of a chunk (float32,
-    # flat) into out (zeros): max(|x|), NaN skipped (fmaxf) where ignore_nan, else kept
-    keep_nan, bi, state = not ignore_nan, np.empty(TILE, np.int64), np.zeros(7, np.int64)
-    for lo in range(0, x.size, TILE):
-        k = min(x.size, lo + TILE) - lo
-        block_ids(bi[:k], layout, state)
-        for i in range(k):
-            v, a = abs(x[lo + i]), out[bi[i]]
-            out[bi[i]] = v if (v > a) | ((v != v) & keep_nan) else a
+    # blocks._encode_rows' amax of each block (numbered as block_ids does) of a chunk
+    # (float32, flat) into out (zeros): max(|x|), NaN skipped (fmaxf) where ignore_nan,
+    # else kept (torch.amax)
+    cols, bc, rows, br = layout[0], layout[1], layout[2], layout[3]
+    per_row, bands, keep_nan = (cols + bc - 1) // bc, (rows + br - 1) // br, not ignore_nan
+    for r in range(x.size // cols):  # row r of matrix r // rows
+        first = ((r // rows) * bands + (r % rows) // br) * per_row
+        for k in range(per_row):
+            a = out[first + k]
+            for i in range(r * cols + k * bc, min(r * cols + (k + 1) * bc, (r + 1) * cols)):
+                v = abs(x[i])
+                a = v if (v > a) | ((v != v) & keep_nan) else a
+            out[first + k] = a
 
 
 @jit
 def block_tally(x, xs, layout, f32, f64, dscale, tscale, p, mode, mix, offset, table, counts, bins, maxes):
-    # a chunk under a block recipe, encoded, decoded and tallied (tally_tile against x, the
-    # float32 or float64 input) tile by tile, as fpsim.emulate.blocks encodes and decodes
-    # xs (x as float32) in the blocks of block_ids: element inputs
-    # (fpsim.emulate.scale_rules.apply_factor) kind 0: xs * f32[b], 1: xs / f32[b] (float32),
-    # 2: float64 xs * f64[b] (NaN where f64[b] is); the element format p (saturating),
-    # stochastic words random_word(mix, offset + i); stored values (blocks._decode_rows) with
-    # the decoded scales dscale[b], dkind 0: float64 product (MX), 1: (v * s) * tscale
-    # (NVFP4), 2: v * s; layout = (cols, bc, rows, br, kind, dkind)
-    kind, dkind = layout[4], layout[5]
-    n, nowords = x.size, np.zeros(0, np.uint32)
+    # a chunk under a block recipe (layout: block_ids' and kind, dkind) tallied against x
+    # (float32 or float64) as fpsim.emulate.blocks encodes and decodes xs (x as float32):
+    # inputs (scale_rules.apply_factor) kind 0: xs * f32[b], 1: xs / f32[b], 2: float64
+    # xs * f64[b] (NaN where f64[b] is); elements in p (saturating), words random_word(mix,
+    # offset + i); values (blocks._decode_rows) with the scales dscale[b], dkind 0: float64
+    # product (MX), 1: (v * s) * tscale (NVFP4), 2: v * s
+    kind, dkind, n, nowords = layout[4], layout[5], x.size, np.zeros(0, np.uint32)
     codes, q = np.empty(TILE, np.uint64), np.empty(TILE, np.float32)
-    at_max, sub = np.empty(TILE, np.bool_), np.empty(TILE, np.bool_)
-    v, bi, state = np.empty(TILE, np.float64), np.empty(TILE, np.int64), np.zeros(7, np.int64)
+    at_max, sub, v = np.empty(TILE, np.bool_), np.empty(TILE, np.bool_), np.empty(TILE, np.float64)
+    bi, state = np.empty(TILE, np.int64), np.zeros(7, np.int64)
     for lo in range(0, n, TILE):
         k = min(n, lo + TILE) - lo
         block_ids(bi[:k], layout, state)
