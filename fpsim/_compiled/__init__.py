@@ -88,3 +88,14 @@ def flat32(*arrays: Any) -> list[np.ndarray] | None:
     if len({a.size for a in out}) > 1:
         return None
     return out
+
+
+def frozen(a: Any, dtype: Any = None) -> np.ndarray:
+    """``a`` as a flat, C-contiguous, read-only array (of ``dtype`` if given; a view where no
+    conversion is needed). numba compiles a loop once per argument type, writability
+    included, so the analysis and encode loops take every input array read-only: one compiled
+    version per dtype, whether the caller's array (a trace's tensors are read-only) is
+    writable or not."""
+    v = np.ascontiguousarray(a, dtype).reshape(-1).view()
+    v.flags.writeable = False
+    return v

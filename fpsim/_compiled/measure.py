@@ -475,16 +475,16 @@ def swamp_tally(theta, g, scale, p, table, mix, offset, counts, bins):
     # fpsim.analysis.metrics.swamping_partial of one chunk for nearest-even (mode 0) and
     # stochastic rounding (mode 1, words random_word(mix, offset + i)): t = theta stored
     # (nearest-even), d = float32(scale * g), the sum t + d (float64) rounded once.
-    # counts[0]: updates, [1 + mode]: lost; bins row 0: sum |d| (the same in both modes),
-    # row 1 + mode: sum |realised|
-    n, nowords = theta.size, np.zeros(0, np.uint32)
+    # counts[0]: updates, [1 + mode]: lost; bins row 0: sum |d| (both modes), row 1 + mode:
+    # sum |realised|. Constants go to calls as int64 (a literal compiles another version)
+    n, nowords, w32, ne = theta.size, np.zeros(0, np.uint32), np.int64(32), np.int64(NEAREST_EVEN)
     codes, q = np.empty(TILE, np.uint64), np.empty(TILE, np.float32)
     at_max, sub = np.empty(TILE, np.bool_), np.empty(TILE, np.bool_)
     t, s = np.empty(TILE, np.float64), np.empty(TILE, np.float64)
     new, d = np.empty((2, TILE), np.float32), np.empty(TILE, np.float32)
     for lo in range(0, n, TILE):
         k = min(n, lo + TILE) - lo
-        codes_tile(theta[lo : lo + k], p, NEAREST_EVEN, 32, mix, 0, nowords, codes[:k])
+        codes_tile(theta[lo : lo + k], p, ne, w32, mix, offset + lo, nowords, codes[:k])
         values_tile(codes[:k], p, table, q[:k], at_max[:k], sub[:k])
         for i in range(k):
             t[i] = np.float64(q[i])
@@ -492,7 +492,7 @@ def swamp_tally(theta, g, scale, p, table, mix, offset, counts, bins):
             s[i] = t[i] + np.float64(d[i])
         for m in range(2):
             codes_tile(
-                s[:k], p, NEAREST_EVEN if m == 0 else STOCHASTIC, 32, mix, offset + lo, nowords, codes[:k]
+                s[:k], p, NEAREST_EVEN if m == 0 else STOCHASTIC, w32, mix, offset + lo, nowords, codes[:k]
             )
             values_tile(codes[:k], p, table, new[m, :k], at_max[:k], sub[:k])
         jlo, jhi = NBINS, -1
@@ -587,7 +587,7 @@ def block_tally(x, xs, layout, f32, f64, dscale, tscale, p, mode, mix, offset, t
             else:
                 fj = f64[j]
                 v[i] = np.nan if fj != fj else np.float64(xi) * fj
-        codes_tile(v[:k], p, mode, 32, mix, offset + lo, nowords, codes[:k])
+        codes_tile(v[:k], p, mode, np.int64(32), mix, offset + lo, nowords, codes[:k])
         values_tile(codes[:k], p, table, q[:k], at_max[:k], sub[:k])
         for i in range(k):
             s = dscale[bi[i]]

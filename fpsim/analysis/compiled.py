@@ -44,7 +44,7 @@ class Inputs(NamedTuple):
 
 def inputs(x: np.ndarray, with_hist: bool) -> Inputs:
     """The input tallies of chunk ``x`` (float32 or float64), in one compiled pass."""
-    flat = np.ascontiguousarray(x).reshape(-1)
+    flat = _compiled.frozen(x)
     counts, bins, maxes = np.zeros(3, np.int64), np.zeros((1, NBINS), np.int64), np.zeros(1)
     hist = np.zeros(256, np.int64)
     _compiled.load_measure().input_tally(flat, with_hist, counts, bins, maxes, hist)
@@ -93,7 +93,7 @@ def element_partial(
     """The partial of chunk ``x`` (float32 or float64, flat index ``offset`` onwards; ``inp``
     its :func:`inputs`) under an element format, as
     :func:`fpsim.analysis.metrics.tally_chunk` computes it."""
-    flat = np.ascontiguousarray(x).reshape(-1)
+    flat = _compiled.frozen(x)
     ftz = isinstance(fmt, Format) and not fmt.subnormals
     p = element.loop_params(fmt, bool(saturate), ftz)
     out = _outputs()
@@ -159,8 +159,8 @@ def block_partial(
         return None
     cols, bc, rows, br = layout
     loops = _compiled.load_measure()
-    flat = np.ascontiguousarray(x).reshape(-1)
-    xs = element.as_float32(flat)
+    flat = _compiled.frozen(x)
+    xs = _compiled.frozen(element.as_float32(flat))
     kind, dkind = _rule_kinds(bf.rule)
     how = (cols, bc, rows, br, kind, dkind)
     if bf.block is None and tensor_amax is not None:
@@ -170,9 +170,9 @@ def block_partial(
         loops.block_amax(xs, how, bf.rule in (ScaleRule.TE, ScaleRule.NVFP4), amax)
     with np.errstate(invalid="ignore", divide="ignore", over="ignore"):
         factor, scales, tensor = block_factors(amax, bf, tensor_amax)
-        dscale = np.ascontiguousarray(element.decode_array(scales, bf.scale_format), np.float32)
-    f32 = np.ascontiguousarray(factor, np.float32) if kind < 2 else np.zeros(0, np.float32)
-    f64 = np.ascontiguousarray(factor, np.float64) if kind == 2 else np.zeros(0, np.float64)
+        dscale = _compiled.frozen(element.decode_array(scales, bf.scale_format), np.float32)
+    f32 = _compiled.frozen(factor if kind < 2 else (), np.float32)
+    f64 = _compiled.frozen(factor if kind == 2 else (), np.float64)
     el = bf.element
     p = element.loop_params(el, True, isinstance(el, Format) and not el.subnormals)
     tscale = np.float32(tensor if tensor is not None else 1)
@@ -189,10 +189,9 @@ def value_partial(
 ) -> Partial:
     """The partial of chunk ``x`` stored as ``q`` (float32, a block recipe's values) with the
     element flags ``at_max`` and ``sub`` (None: no subnormals), as the numpy tier computes it."""
-    flat = np.ascontiguousarray(x).reshape(-1)
-    qf = np.ascontiguousarray(q, np.float32).reshape(-1)
-    am = np.ascontiguousarray(at_max, np.bool_).reshape(-1)
-    sb = np.zeros(flat.size, np.bool_) if sub is None else np.ascontiguousarray(sub, np.bool_).reshape(-1)
+    flat = _compiled.frozen(x)  # (q and the flags writable, as element_tally's own buffers)
+    qf, am = np.require(q, np.float32, "CW").reshape(-1), np.require(at_max, np.bool_, "CW").reshape(-1)
+    sb = np.zeros(flat.size, np.bool_) if sub is None else np.require(sub, np.bool_, "CW").reshape(-1)
     out = _outputs()
     _compiled.load_measure().value_tally(flat, qf, am, sb, *out)
     return _partial(inp, *out, with_hist)
@@ -204,8 +203,7 @@ def swamp_partials(
     """The swamping partials of one chunk for nearest-even and stochastic rounding, as
     :func:`fpsim.analysis.metrics.swamping_partial` computes them (``theta`` and ``delta``
     float32; ``offset`` the chunk's flat index, where the random words continue)."""
-    t = np.ascontiguousarray(theta, np.float32).reshape(-1)
-    g = np.ascontiguousarray(delta, np.float32).reshape(-1)
+    t, g = _compiled.frozen(theta, np.float32), _compiled.frozen(delta, np.float32)
     p = element.loop_params(fmt, False, isinstance(fmt, Format) and not fmt.subnormals)
     counts, bins = np.zeros(3, np.int64), np.zeros((3, NBINS), np.int64)
     _compiled.load_measure().swamp_tally(

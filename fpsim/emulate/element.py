@@ -176,9 +176,10 @@ def _encode_compiled(x: np.ndarray, fmt: AnyFormat, mode: RoundMode, saturate, s
     """:func:`encode_array` by :func:`fpsim._compiled.measure.codes_tile`, piece by piece on the pool."""
     ftz = isinstance(fmt, Format) and not (subnormals and fmt.subnormals)
     p = loop_params(fmt, bool(saturate), ftz)
-    flat = np.ascontiguousarray(x).reshape(-1)
+    flat = _compiled.frozen(x)  # (the words stay writable, as the tallies' own empty ones)
     out = np.empty(flat.size, fmt.code_dtype)
     r = np.ascontiguousarray(rand, np.uint32).reshape(-1) if rand is not None else np.zeros(0, np.uint32)
+    r = r if r.flags.writeable else r.copy()
     code, loops = MODE_CODES[mode], _compiled.load_measure()
 
     def run(a: int) -> None:
