@@ -1,7 +1,9 @@
 """fpsim in a child made with ``os.fork()`` (multiprocessing's fork start method, torch DataLoader
 workers) after the parent has used it: each thread pool fpsim keeps (the compiled loops' pool that
 the compiled encode, the analysis, the replay and the training optimizers run on) works again in
-the child.
+the child; a trace writer or capture of the parent refuses, naming both processes, to write the
+parent's trace from the child (two processes never write one trace), and a new capture in the
+child works.
 
 Each test runs fpsim in the parent, forks, runs it again in the child, and fails where the child
 fails or does not exit within :data:`TIMEOUT` (it is killed then): a hang is a failure, not a stuck
@@ -23,7 +25,7 @@ import pytest
 
 import fpsim
 from fpsim.emulate import element
-from fpsim.trace import TraceWriter
+from fpsim.trace import TraceError, TraceWriter, open_trace
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="os.fork (Linux)")
 
@@ -146,6 +148,87 @@ def test_training(tmp_path, torch_one_thread):
         assert train().view(np.uint32).tobytes() == trained.view(np.uint32).tobytes()
 
     _in_child(child, tmp_path)
+
+
+@pytest.mark.parametrize("asynchronous", [True, False], ids=["asynchronous", "synchronous"])
+def test_capture(tmp_path, asynchronous, torch_one_thread):
+    """The parent's capture cannot be written from the child (two processes must never write one
+    trace): step, flush and close raise there, naming both processes, and releasing the child's
+    copy of the lock (as the child's exit does) leaves the parent's lock alone. A new capture in
+    the child, on another folder, records; the parent goes on recording into its own trace."""
+    from fpsim.trace import TorchCapture
+
+    torch = torch_one_thread
+
+    model = torch.nn.Linear(4, 3)
+    for q in model.parameters():
+        q.grad = torch.ones_like(q)
+    grads = {n: q.grad.numpy().copy() for n, q in model.named_parameters()}
+    ours, theirs = tmp_path / "parent", tmp_path / "child"
+    held = {"cap": TorchCapture(model, ours, asynchronous=asynchronous)}  # the one reference to it
+    held["cap"].step(0, loss=1.0)
+    held["cap"].flush()
+    parent = os.getpid()
+
+    def child():
+        cap = held.pop("cap")
+        for use, args in ((cap.step, (1, 2.0)), (cap.flush, ()), (cap.close, ())):
+            with pytest.raises(RuntimeError, match=f"opened by process {parent}.* {os.getpid()}"):
+                use(*args)
+        cap.writer._lock.release()  # what the child's exit does to its copy: the parent's lock stays
+        with TorchCapture(model, theirs, asynchronous=asynchronous) as mine:
+            mine.step(0, loss=3.0)
+            mine.step(1, loss=4.0)
+        tr = open_trace(theirs)
+        assert tr.steps == [0, 1] and [tr.loss(s) for s in tr.steps] == [3.0, 4.0]
+        assert all(np.array_equal(tr.read(tr.entry(1, n)), g) for n, g in grads.items())
+
+    _in_child(child, tmp_path)
+    with pytest.raises(TraceError, match=f"pid {parent} "):  # the parent still holds its trace
+        TraceWriter(ours)
+    held["cap"].step(1, loss=2.0)
+    held.pop("cap").close()
+    tr = open_trace(ours)
+    assert tr.steps == [0, 1] and [tr.loss(s) for s in tr.steps] == [1.0, 2.0]
+    assert not (ours / ".fpsim_writer.lock").exists()
+
+
+def test_trace_writers(tmp_path):
+    """A parent's TraceWriter and AsyncTraceWriter refuse every write (and close) in the child,
+    naming both processes, instead of writing the parent's trace or waiting for the parent's
+    writer thread; the parent's go on."""
+    from fpsim.trace.capture_async import AsyncTraceWriter, snapshot
+
+    grad = {"grad": {"w": np.arange(6, dtype=np.float32)}}
+    plain = TraceWriter(tmp_path / "plain")
+    plain.write_step(0, grad)
+    threaded = AsyncTraceWriter(TraceWriter(tmp_path / "threaded"))
+    threaded.submit(snapshot(0, grad))
+    threaded.flush()
+    parent = os.getpid()
+
+    def child():
+        uses = [
+            lambda: plain.write_step(1, grad),
+            plain.close,
+            lambda: threaded.submit(snapshot(1, grad)),
+            threaded.flush,
+            lambda: threaded.written,
+            threaded.close,
+        ]
+        for use in uses:
+            with pytest.raises(RuntimeError, match=f"opened by process {parent} .*process {os.getpid()},"):
+                use()
+
+    _in_child(child, tmp_path)
+    plain.write_step(1, grad)
+    threaded.submit(snapshot(1, grad))
+    assert threaded.written in ([0], [0, 1])
+    plain.close()
+    threaded.close()
+    for name in ("plain", "threaded"):
+        tr = open_trace(tmp_path / name)
+        assert tr.steps == [0, 1] and np.array_equal(tr.read(tr.entry(1, "w")), grad["grad"]["w"])
 
 
 def test_the_child_runs_on_a_pool_of_its_own(tmp_path):
