@@ -270,7 +270,8 @@ def analyze(
             raising: every tensor finished in full, none in part, and ``interrupted`` says how
             many of how many (``fpsim analyze`` writes that report and exits 130). Tensors
             already queued on the thread pool (at most :data:`WINDOW` elements) are finished
-            first; a second Ctrl-C drops them.
+            first; a second Ctrl-C drops them. No signal handler is installed: an ignored
+            SIGINT (``nohup``, a background job) stays ignored.
 
     Raises:
         fpsim.trace.TraceError: for missing, truncated or inconsistent trace files.

@@ -166,10 +166,20 @@ def loop_table(fmt: AnyFormat) -> np.ndarray:
     return np.array(decode_table(fmt) if fmt.bits <= 16 else np.zeros(1, np.float32), np.float32)
 
 
-@cache
+_pool: tuple[int, ThreadPoolExecutor] | None = None  # (the pid of the process that made it, the pool)
+
+
 def pool() -> ThreadPoolExecutor:
-    """The thread pool the compiled loops run on (one thread per core; they release the GIL)."""
-    return ThreadPoolExecutor(max_workers=os.cpu_count() or 1, thread_name_prefix="fpsim")
+    """The thread pool the compiled loops run on (one thread per core; they release the GIL),
+    made once per process: a child forked after its parent made one makes its own (the parent's
+    threads do not exist in the child, so a task given to the parent's pool would wait forever).
+    Tested in tests/test_fork.py: the compiled encode, the analysis, the replay and the training
+    optimizers run again in a forked child."""
+    global _pool
+    made, pid = _pool, os.getpid()
+    if made is None or made[0] != pid:
+        made = _pool = (pid, ThreadPoolExecutor(max_workers=os.cpu_count() or 1, thread_name_prefix="fpsim"))
+    return made[1]
 
 
 def _encode_compiled(x: np.ndarray, fmt: AnyFormat, mode: RoundMode, saturate, subnormals, rand, nbits):

@@ -149,7 +149,9 @@ def replay(
         keep_on_interrupt: Ctrl-C (SIGINT, caught in the main thread only) ends the replay after
             the step in progress instead of raising: the result holds the steps done, whole,
             with the final values after the last of them, and ``interrupted`` says how many of
-            how many (``fpsim replay`` writes that report and exits 130).
+            how many (``fpsim replay`` writes that report and exits 130). SIGINT's handler is
+            replaced for the replay and put back after it; an ignored SIGINT (``nohup``, a
+            background job) stays ignored.
         first_update: the update count of the first replayed step (default: the trace's
             recorded count, else its step number); the other steps keep their distance to it.
 
@@ -207,8 +209,16 @@ def replay(
 @contextlib.contextmanager
 def _deferred_sigint(stop: list[bool], enabled: bool):
     """While active (``enabled``, in the main thread), Ctrl-C sets ``stop[0]`` instead of
-    raising, so that the replay ends at a step boundary with consistent values."""
+    raising, so that the replay ends at a step boundary with consistent values; the handler
+    that was there (Python's, ``SIG_DFL`` or another callable) is put back, the same object,
+    on the way out. No handler is installed where SIGINT is ignored (``SIG_IGN``: a job started
+    with ``nohup`` or ``&`` asked not to be interrupted, and no Ctrl-C can arrive) or where its
+    handler was set outside Python (``getsignal`` gives None: it could not be put back)."""
     if not enabled or threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    before = signal.getsignal(signal.SIGINT)
+    if before is signal.SIG_IGN or before is None:
         yield
         return
 

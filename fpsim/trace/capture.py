@@ -260,8 +260,11 @@ class TorchCapture:
         Raises:
             ValueError: a step number that does not increase (or, with ``operands``, that is
                 not the one the operands were recorded for).
-            RuntimeError: the background writer failed on an earlier step.
+            RuntimeError: the background writer failed on an earlier step, or this is a child
+                forked from the process that opened the capture (two processes never write one
+                trace: a new capture on another folder records in the child).
         """
+        self.writer.check_process()
         if isinstance(step, bool) or not isinstance(step, (int, np.integer)):
             raise ValueError(f"step must be an int, got {step!r}")
         step = int(step)
@@ -330,7 +333,9 @@ class TorchCapture:
         return out
 
     def flush(self) -> None:
-        """Wait until every recorded step is on disk (raises the writer's error, if any)."""
+        """Wait until every recorded step is on disk (raises the writer's error, if any; in a
+        forked child, RuntimeError as :meth:`step`)."""
+        self.writer.check_process()
         if self._async is not None:
             self._async.flush()
 
@@ -357,7 +362,9 @@ class TorchCapture:
         return bool(sum(float(v.item()) for v in found.values()))
 
     def close(self) -> None:
-        """Write every recorded step, drop the hooks; raise the writer's error, if any."""
+        """Write every recorded step, drop the hooks; raise the writer's error, if any (in a
+        forked child, RuntimeError as :meth:`step`: the parent closes its capture)."""
+        self.writer.check_process()
         if self._hook is not None:
             self._hook.remove()
             self._hook = None

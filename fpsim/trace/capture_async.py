@@ -15,7 +15,10 @@ calls :meth:`fpsim.trace.TraceWriter.write_step` (atomic per step), so a crash o
 ``SIGKILL`` leaves a valid trace of the steps written so far. An error in the thread is
 raised by the next :meth:`~AsyncTraceWriter.submit` and by :meth:`~AsyncTraceWriter.close`
 (steps submitted after the failure are not written); ``close`` waits for every step. A
-writer that is never closed is drained when the interpreter exits.
+writer that is never closed is drained when the interpreter exits. The thread exists in the
+process that made the writer only: in a child forked from it, every method but
+:meth:`~AsyncTraceWriter.raise_error` raises RuntimeError
+(:meth:`fpsim.trace.TraceWriter.check_process`) instead of waiting forever for it.
 """
 
 from __future__ import annotations
@@ -162,6 +165,7 @@ class AsyncTraceWriter:
     @property
     def written(self) -> list[int]:
         """The steps the thread has written so far (on disk, in the trace)."""
+        self.writer.check_process()
         with self._state.lock:
             return list(self._state.written)
 
@@ -169,16 +173,18 @@ class AsyncTraceWriter:
         """Queue one step (blocking while ``max_pending`` are waiting).
 
         Raises:
-            RuntimeError: the writer thread failed on an earlier step (its error chained), or
-                the writer is closed.
+            RuntimeError: the writer thread failed on an earlier step (its error chained), the
+                writer is closed, or this is a child forked from the process that made it.
         """
         if self._closed:
             raise RuntimeError(f"the trace writer of {self.writer.path} is closed")
+        self.writer.check_process()
         self.raise_error()
         self._queue.put(snap)
 
     def flush(self) -> None:
         """Wait until every submitted step is written; raise the thread's error if any."""
+        self.writer.check_process()
         self._queue.join()
         self.raise_error()
 
@@ -195,6 +201,7 @@ class AsyncTraceWriter:
     def close(self) -> None:
         """Write every queued step, stop the thread, close the trace writer; raise its error."""
         if not self._closed:
+            self.writer.check_process()
             self._closed = True
             self._finalizer()
             self.writer.close()

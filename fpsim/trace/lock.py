@@ -8,6 +8,9 @@ another (in the same process or another) is refused with a :class:`TraceError` n
 holder's pid. After taking the lock, the writer checks that the lock file it holds is still
 the one at the path (a writer that was releasing it may have just unlinked it), and retries
 otherwise. The lock file is opened with ``O_NOFOLLOW``, so a symlink planted there is refused.
+A child forked while a writer holds the lock inherits the open lock file, and with it the lock
+(``flock`` belongs to the open file): the lock is held until both have closed it or exited, and
+only the process that took it removes the lock file.
 """
 
 from __future__ import annotations
@@ -25,11 +28,14 @@ __all__ = ["LOCK_FILE", "WriterLock"]
 LOCK_FILE = ".fpsim_writer.lock"
 
 
-def _release(fd: int, path: str) -> None:
+def _release(fd: int, path: str, owner: int) -> None:
+    """Close ``fd``; in the process ``owner`` that took the lock, first remove the lock file (a
+    child forked from it only closes its copy: the lock, and the file, stay the owner's)."""
     try:
-        st, now = os.fstat(fd), os.lstat(path)
-        if (st.st_dev, st.st_ino) == (now.st_dev, now.st_ino):
-            os.unlink(path)
+        if os.getpid() == owner:
+            st, now = os.fstat(fd), os.lstat(path)
+            if (st.st_dev, st.st_ino) == (now.st_dev, now.st_ino):
+                os.unlink(path)
     except OSError:
         pass
     finally:
@@ -90,10 +96,11 @@ class WriterLock:
             os.ftruncate(fd, 0)
             os.pwrite(fd, f"{os.getpid()} {socket.gethostname()}\n".encode(), 0)
             self._fd = fd
-            self._finalizer = weakref.finalize(self, _release, fd, str(self.path))
+            self._finalizer = weakref.finalize(self, _release, fd, str(self.path), os.getpid())
             return
         raise TraceError(f"{self.path}: could not take the writer lock (it keeps being replaced)")
 
     def release(self) -> None:
-        """Drop the lock and remove the lock file (idempotent)."""
+        """Drop the lock and remove the lock file (idempotent); in a child forked from the
+        process that took it (and at the child's exit), close the child's copy only."""
         self._finalizer()

@@ -88,6 +88,7 @@ class TraceWriter:
         except OSError as e:
             raise OSError(e.errno, f"cannot create the trace folder: {e.strerror}", str(self.path)) from e
         self._closed = True
+        self._pid = os.getpid()
         self._lock = WriterLock(self.path)
         try:
             self._open(metadata)
@@ -173,6 +174,7 @@ class TraceWriter:
         """
         if self._closed:
             raise ValueError(f"TraceWriter for {self.path} is closed")
+        self.check_process()
         step = _check_step(step, self.steps)
         update = _check_update(update, self._steps)
         if not isinstance(skipped, bool):
@@ -213,11 +215,31 @@ class TraceWriter:
         return final
 
     def close(self) -> None:
-        """Close the writer and release the folder's lock (every step is already on disk)."""
+        """Close the writer and release the folder's lock (every step is already on disk).
+
+        Raises:
+            RuntimeError: in a child forked from the process that opened the writer (see
+                :meth:`check_process`); the parent closes it.
+        """
         if not self._closed:
+            self.check_process()
             self._closed = True
             self._log_closer()
             self._lock.release()
+
+    def check_process(self) -> None:
+        """Raise RuntimeError where this open writer is used in a child forked from the process
+        that opened it (``os.fork``, multiprocessing's fork start method): two processes must
+        never write one trace, so the child may neither write nor close it (the lock stays the
+        parent's; a new writer on another folder works in the child). Tested in tests/test_fork.py.
+        """
+        if not self._closed and os.getpid() != self._pid:
+            raise RuntimeError(
+                f"{self.path}: this trace was opened by process {self._pid} for writing; process "
+                f"{os.getpid()}, forked from it, must not write or close it (two processes never write "
+                "one trace): write from the parent, or open a TraceWriter or TorchCapture on another "
+                "folder in the child"
+            )
 
     def __enter__(self) -> TraceWriter:
         return self

@@ -4,6 +4,7 @@ in one line, help texts, validate-kernels' incremental output, ``fpsim diff``.""
 from __future__ import annotations
 
 import json
+import signal
 import sys
 from importlib.metadata import version
 
@@ -213,19 +214,28 @@ def test_analyze_keeps_the_tensors_done_on_ctrl_c(capsys, tmp_path, monkeypatch)
     assert all(p.totals() == full.results[k].totals() for k, p in kept.results.items())
 
 
-def test_replay_ends_at_a_step_boundary_on_ctrl_c(capsys, tmp_path, monkeypatch):
+@pytest.fixture
+def sigint():
+    """Sets SIGINT's handler for the test (``sigint(handler)``) and puts the one the process had
+    back after it: a test must not depend on the handler pytest started with (SIG_IGN in a
+    background job of a non-interactive shell)."""
+    before = signal.getsignal(signal.SIGINT)
+    yield lambda handler: signal.signal(signal.SIGINT, handler)
+    signal.signal(signal.SIGINT, before)
+
+
+def test_replay_ends_at_a_step_boundary_on_ctrl_c(capsys, tmp_path, monkeypatch, sigint):
     """Ctrl-C during `fpsim replay` ends it after the step in progress: the report holds the
     steps done, whole, their values equal a replay of just those steps, and the exit is 130."""
-    import signal
-
     from fpsim.replay import engine, replay
 
+    sigint(signal.default_int_handler)  # Python's own (an interactive shell's foreground job)
     real, calls = engine._replay_step, []
 
     def ctrl_c_in_second_step(*args, **kwargs):
         calls.append(1)
         if len(calls) == 2:
-            signal.getsignal(signal.SIGINT)(signal.SIGINT, None)  # what Ctrl-C does here
+            signal.raise_signal(signal.SIGINT)  # Ctrl-C: its handler has run when this returns
         return real(*args, **kwargs)
 
     monkeypatch.setattr(engine, "_replay_step", ctrl_c_in_second_step)
@@ -243,3 +253,78 @@ def test_replay_ends_at_a_step_boundary_on_ctrl_c(capsys, tmp_path, monkeypatch)
     assert (
         rows["bf16-master"]["final_param_rel_error"] == whole.summary()["results"][1]["final_param_rel_error"]
     )
+
+
+def _replay_with_ctrl_c(monkeypatch, seen: list) -> None:
+    """Makes the replay's second step send SIGINT to the process (with ``raise_signal``, so
+    that its handler runs before the step goes on); ``seen`` gets SIGINT's handler in each step."""
+    from fpsim.replay import engine
+
+    real = engine._replay_step
+
+    def step(*args, **kwargs):
+        seen.append(signal.getsignal(signal.SIGINT))
+        if len(seen) == 2:
+            signal.raise_signal(signal.SIGINT)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(engine, "_replay_step", step)
+
+
+def test_ignored_sigint_stays_ignored_through_replay(capsys, tmp_path, monkeypatch, sigint):
+    """`nohup fpsim replay ... &` asked not to be interrupted: SIGINT stays SIG_IGN during and
+    after the replay, a SIGINT sent in its second step is ignored and every step is replayed."""
+    sigint(signal.SIG_IGN)
+    seen: list = []
+    _replay_with_ctrl_c(monkeypatch, seen)
+    argv = ["replay", "--steps", "190:192", "--config", "bf16-master", "--quiet", "--out", str(tmp_path)]
+    assert main([*argv, "--json"]) == 0
+    assert "interrupted" not in capsys.readouterr().err
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert "interrupted" not in summary and len(seen) == 3
+    assert all(h is signal.SIG_IGN for h in seen)
+    assert signal.getsignal(signal.SIGINT) is signal.SIG_IGN
+
+
+@pytest.mark.parametrize("kind", ["callable", "SIG_DFL"])
+def test_replay_puts_back_the_sigint_handler_it_found(tmp_path, monkeypatch, sigint, kind):
+    """Another handler (someone else's callable, or SIG_DFL) is replaced during the replay, so
+    that Ctrl-C still ends it at a step boundary, and put back after it: the same object."""
+    from fpsim.replay import replay
+
+    def theirs(signum, frame):  # pragma: no cover (replaced while the replay runs)
+        raise AssertionError("the replay's handler should have been in place")
+
+    before = theirs if kind == "callable" else signal.SIG_DFL
+    sigint(before)
+    seen: list = []
+    _replay_with_ctrl_c(monkeypatch, seen)
+    result = replay(None, ["bf16-master"], steps=range(190, 193), progress=False, keep_on_interrupt=True)
+    assert result.interrupted.startswith("interrupted after 2 of 3 steps")
+    assert all(h is not before and callable(h) for h in seen)
+    assert signal.getsignal(signal.SIGINT) is before
+
+
+def test_ignored_sigint_stays_ignored_through_analyze(capsys, tmp_path, monkeypatch, sigint):
+    """`fpsim analyze` and ``analyze(keep_on_interrupt=True)`` install no SIGINT handler: an
+    ignored SIGINT stays ignored during and after them, and a SIGINT sent meanwhile is ignored."""
+    from fpsim.analysis import run as analysis_run
+
+    sigint(signal.SIG_IGN)
+    real, seen = analysis_run._measure_entry, []
+
+    def measure(*args, **kwargs):
+        seen.append(signal.getsignal(signal.SIGINT))
+        if len(seen) == 2:
+            signal.raise_signal(signal.SIGINT)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(analysis_run, "_measure_entry", measure)
+    argv = ["analyze", "--format", "float16", "--no-swamping", "--quiet", "--out", str(tmp_path), "--json"]
+    assert main(argv) == 0
+    assert "interrupted" not in capsys.readouterr().err
+    assert "interrupted" not in json.loads((tmp_path / "summary.json").read_text())
+    kept = analysis_run.analyze(None, ["float16"], swamping=False, progress=False, keep_on_interrupt=True)
+    assert kept.interrupted is None and len(seen) == 2 * len(kept.shapes) > 2
+    assert all(h is signal.SIG_IGN for h in seen)
+    assert signal.getsignal(signal.SIGINT) is signal.SIG_IGN
