@@ -178,9 +178,9 @@ def binade_spread(rng: np.random.Generator, shape: int | tuple[int, ...], lo: in
     Each is ``2**e`` times a 24-bit significand in [1, 2), ``e`` an integer drawn uniformly from
     [lo, hi]: every binade equally likely and, within it, every float32 value (a cast to float32
     is exact down to 2**-126 and rounds below). Made of integer draws and ``ldexp`` only, so the
-    same values on every CPU: ``np.exp`` / ``np.exp2`` of a uniform draw, which this replaces,
-    round their last bits differently with numpy's SIMD dispatch, and a value on a float32
-    rounding boundary would move a validation's inputs (and its mismatch counts) with them.
+    same values on every CPU, unlike ``np.exp`` / ``np.exp2`` of a uniform draw: their last bits
+    differ with numpy's SIMD dispatch, and a value on a float32 rounding boundary would move a
+    validation's inputs (and its mismatch counts) from one machine to the next.
     Tested in tests/kernels/test_validate.py against the float32 fields of the values.
     """
     e = rng.integers(lo, hi, shape, endpoint=True)
