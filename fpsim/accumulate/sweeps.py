@@ -225,7 +225,7 @@ def trace_sweep(
     if not names:
         raise ValueError(f"trace {trace.path} has no gradient tensors")
     if ks is None:
-        ks = tuple(sorted({*(2**i for i in range(int(math.log2(len(steps))) + 1)), len(steps)}))
+        ks = tuple(sorted({*(2**i for i in range(len(steps).bit_length())), len(steps)}))  # 2**i <= n
     ks = tuple(k for k in ks if 1 <= k <= len(steps))
     if not ks:
         raise ValueError(f"no K in the sweep fits the trace's {len(steps)} steps")

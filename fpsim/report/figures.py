@@ -35,7 +35,7 @@ def _spacing(ax, names: tuple[str, ...]) -> None:
         m, emin = fmt.mantissa_bits, fmt.min_exponent
         low = emin - (m if fmt.subnormals else 0)
         e = np.arange(low, fmt.max_exponent + 1)
-        rel = np.exp2(np.maximum(e, emin) - m - e)
+        rel = np.ldexp(1.0, np.maximum(e, emin) - m - e)  # 2**k exactly (np.exp2 rounds with the SIMD)
         ax.step(
             np.append(e, e[-1] + 1),
             np.append(rel, rel[-1]),

@@ -40,7 +40,7 @@ import numpy as np
 
 from fpsim.formats import Format, RoundMode
 
-from .common import SHOWN, Case, Mismatch, check_cases, f32_fields, random_words, trace_tensors
+from .common import SHOWN, Case, Mismatch, binade_spread, check_cases, f32_fields, random_words, trace_tensors
 
 _BIG = ("swamping", "shape (2, 1023, 3)")  # the long sums: plain and promoted variants only
 
@@ -60,8 +60,9 @@ def _log2_range(fmt: Format) -> tuple[float, float]:
 
 
 def _spread(rng: np.random.Generator, shape: tuple, lo: float, hi: float) -> np.ndarray:
-    """Values with log2 magnitudes uniform in [lo, hi], random signs, float32."""
-    mag = np.exp2(rng.uniform(lo, hi, shape)) * rng.choice([-1.0, 1.0], shape)
+    """Values spread evenly over the binades of [2**lo, 2**hi] (magnitudes from 2**floor(lo) to
+    below 2**ceil(hi): :func:`~.common.binade_spread`), random signs, float32."""
+    mag = binade_spread(rng, shape, math.floor(lo), math.ceil(hi) - 1) * rng.choice([-1.0, 1.0], shape)
     with np.errstate(over="ignore", under="ignore"):
         return mag.astype(np.float32)
 
@@ -84,7 +85,7 @@ def input_pairs(fmt: Format, quick: bool, seed: int = 0) -> list[tuple[str, np.n
     out: list[tuple[str, np.ndarray, np.ndarray]] = []
 
     m, k, n = (9, 24, 7) if quick else (45, 300, 37)
-    half = ((lo - 3) / 2, (hi + 1) / 2)  # products span [min_subnormal / 8, 2 max]
+    half = ((lo - 3) / 2, (hi + 1) / 2)  # products from min_subnormal / 16 (or / 8) to about 4 max
     a, b = _spread(rng, (m, k), *half), _spread(rng, (k, n), *half)
     a.reshape(-1)[::11] = 0.0
     b.reshape(-1)[5::13] = -0.0

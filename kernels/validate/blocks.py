@@ -31,7 +31,7 @@ def _shapes(bf: BlockFormat, quick: bool) -> list[tuple]:
 
 
 def _specials(rng: np.random.Generator, shape: tuple) -> np.ndarray:
-    x = (rng.standard_normal(shape) * np.exp2(rng.integers(-20, 20, shape))).astype(np.float32)
+    x = np.ldexp(rng.standard_normal(shape), rng.integers(-20, 20, shape)).astype(np.float32)
     flat = x.reshape(-1)
     n = flat.size
     flat[: min(40, n)] = 0

@@ -172,6 +172,22 @@ def input_bits(v: np.ndarray) -> str:
     return f"0x{int(v.reshape(1).view(u)[0]):0{2 * v.dtype.itemsize}x}"
 
 
+def binade_spread(rng: np.random.Generator, shape: int | tuple[int, ...], lo: int, hi: int) -> np.ndarray:
+    """Random float64 magnitudes spread evenly over the binades ``2**lo`` to ``2**(hi + 1)``.
+
+    Each is ``2**e`` times a 24-bit significand in [1, 2), ``e`` an integer drawn uniformly from
+    [lo, hi]: every binade equally likely and, within it, every float32 value (a cast to float32
+    is exact down to 2**-126 and rounds below). Made of integer draws and ``ldexp`` only, so the
+    same values on every CPU, unlike ``np.exp`` / ``np.exp2`` of a uniform draw: their last bits
+    differ with numpy's SIMD dispatch, and a value on a float32 rounding boundary would move a
+    validation's inputs (and its mismatch counts) from one machine to the next.
+    Tested in tests/kernels/test_validate.py against the float32 fields of the values.
+    """
+    e = rng.integers(lo, hi, shape, endpoint=True)
+    significand = rng.integers(1 << 23, 1 << 24, shape)
+    return np.ldexp(significand.astype(np.float64), e - 23)
+
+
 def random_words(n: int, rng: np.random.Generator) -> np.ndarray:
     """Random uint32 words with the edge words 0, 1, 2**31 - 1, 2**31, 2**32 - 1 mixed in."""
     w = rng.integers(0, 1 << 32, size=n, dtype=np.uint32)

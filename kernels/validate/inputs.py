@@ -31,7 +31,7 @@ import numpy as np
 
 from fpsim.formats import AnyFormat, Format, IntFormat
 
-from .common import check_cases, np_dtype, trace_tensors
+from .common import binade_spread, check_cases, np_dtype, trace_tensors
 
 _SHAPES_FULL = [(1,), (1023,), (2049,), (4097,), (3, 5, 7), (65537,)]
 _SHAPES_QUICK = [(1,), (1023,), (2049,), (3, 5, 7)]
@@ -111,22 +111,25 @@ def _trace_sets(fmt: AnyFormat, quick: bool) -> list[InputSet]:
 
 
 def _shape_sets(fmt: AnyFormat, quick: bool, rng: np.random.Generator) -> list[InputSet]:
-    lo, hi = _range(fmt)
+    lo, hi = _binades(fmt)
     out = []
     for shape in _SHAPES_QUICK if quick else _SHAPES_FULL:
         n = math.prod(shape)
-        v = np.exp(rng.uniform(math.log(lo), math.log(hi), size=n)) * rng.choice([-1.0, 1.0], size=n)
+        v = binade_spread(rng, n, lo, hi) * rng.choice([-1.0, 1.0], size=n)
         out.append(InputSet(f"shape {shape}", v.astype(np.float32).reshape(shape)))
-    v = np.exp(rng.uniform(math.log(lo), math.log(hi), size=33 * 64)).astype(np.float32).reshape(33, 64)
+    v = binade_spread(rng, 33 * 64, lo, hi).astype(np.float32).reshape(33, 64)
     out.append(InputSet("shape (64, 33) non-contiguous", v, transpose=True))
     return out
 
 
-def _range(fmt: AnyFormat) -> tuple[float, float]:
-    """Magnitudes to draw random values from: a little beyond the format's range."""
+def _binades(fmt: AnyFormat) -> tuple[int, int]:
+    """The binades random values are drawn from (:func:`~.common.binade_spread`): a little
+    beyond the format's range (from min_subnormal / 8, or a quarter of an integer format's
+    step, up to 4 max), within float32's (2**-149 to 2**127)."""
+    top = min(math.frexp(fmt.max)[1] + 1, 127)  # floor(log2(4 max)); frexp: x = f * 2**e, f in [0.5, 1)
     if isinstance(fmt, IntFormat):
-        return 2.0 ** (-fmt.fraction_bits - 3), min(fmt.max * 4, 3.0e38)
-    return max(fmt.min_subnormal / 8, 1e-45), min(fmt.max * 4, 3.0e38)
+        return -fmt.fraction_bits - 3, top
+    return max(math.frexp(fmt.min_subnormal)[1] - 4, -149), top
 
 
 def _float_sets(fmt: Format, quick: bool, rng: np.random.Generator) -> list[InputSet]:
@@ -180,9 +183,8 @@ def _int_sets(fmt: IntFormat, quick: bool, rng: np.random.Generator) -> list[Inp
 
 def _random_set(fmt: AnyFormat, n: int, rng: np.random.Generator) -> InputSet:
     bits = rng.integers(0, 1 << 32, size=n // 2, dtype=np.uint32).view(np.float32)
-    lo, hi = _range(fmt)
     k = n - n // 2
-    mag = np.exp(rng.uniform(math.log(lo), math.log(hi), size=k)) * rng.choice([-1.0, 1.0], size=k)
+    mag = binade_spread(rng, k, *_binades(fmt)) * rng.choice([-1.0, 1.0], size=k)
     with np.errstate(over="ignore", under="ignore"):
         return InputSet("random", np.concatenate([bits, mag.astype(np.float32)]))
 

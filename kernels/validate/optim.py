@@ -69,7 +69,7 @@ def applies(bf: BlockFormat, mode: RoundMode) -> bool:
 
 def _mag(rng: np.random.Generator, n: int, lo: int, hi: int) -> np.ndarray:
     """Signed values with exponents uniform in [lo, hi)."""
-    return (rng.standard_normal(n) * np.exp2(rng.integers(lo, hi, n))).astype(_F32)
+    return np.ldexp(rng.standard_normal(n), rng.integers(lo, hi, n)).astype(_F32)
 
 
 @dataclass(frozen=True)

@@ -134,6 +134,28 @@ def test_input_sets_cover_the_edges():
     assert h.name == "inputs" and h.values.size == 1 << 16
 
 
+def test_binade_spread_is_the_float32_built_from_its_integer_draws():
+    """binade_spread (the random inputs of the validations): 2**e times a 24-bit significand,
+    e uniform in [lo, hi]: against the float32 bits assembled from the same integer draws
+    (exponent field e + 127, the significand's low 23 bits), exact and on every CPU alike;
+    every binade is drawn, and below 2**-126 the float32 cast rounds it to a subnormal."""
+    from fpsim.kernels.validate.common import binade_spread
+
+    lo, hi, n = -126, 127, 20_000
+    got = binade_spread(np.random.default_rng(5), n, lo, hi)
+    rng = np.random.default_rng(5)
+    e, significand = rng.integers(lo, hi, n, endpoint=True), rng.integers(1 << 23, 1 << 24, n)
+    want = (((e + 127) << 23) | (significand & 0x7FFFFF)).astype(np.uint32)
+    assert got.dtype == np.float64 and np.array_equal(got.astype(np.float32).view(np.uint32), want)
+    assert np.array_equal(got.astype(np.float32).astype(np.float64), got)  # float32 values, no rounding
+    assert set(np.unique(e)) == set(range(lo, hi + 1))
+    tiny = binade_spread(np.random.default_rng(6), 1000, -149, -127).astype(np.float32)
+    assert (tiny > 0).all() and (tiny < np.float32(2.0**-126)).all()  # subnormals, none flushed
+    sets = {s.name: s.values for s in input_sets("float8_e4m3fn", "quick")}
+    mag = np.abs(sets["random"][sets["random"].size // 2 :])  # the random values after the bit patterns
+    assert mag.min() >= 2.0**-12 and mag.max() < 2.0**11  # min_subnormal / 8 to 4 max, whole binades
+
+
 def test_validate_all_report_structure():
     report = validate.validate_all("cpu", True, formats=["float8_e4m3fn", "int4"], roundings=["nearest_even"])
     assert report["mismatches"] == 0 and report["errors"] == 0

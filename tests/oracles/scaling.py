@@ -169,7 +169,7 @@ def mx_floor_ref(x: np.ndarray, elem: str, block: int = 32):
     e = np.where(amax == 0, -127, np.maximum(e, -127))
     nan = ~np.isfinite(amax) | (e > 127)
     scales = np.where(nan, 255, e + 127).astype(np.uint8)
-    v = xb.astype(np.float64) * np.exp2(-np.where(nan, 0, e).astype(np.float64))
+    v = xb.astype(np.float64) * np.ldexp(1.0, -np.where(nan, 0, e))  # exact 2**-e (np.exp2 is a SIMD ufunc)
     if elem == "mxint8":
         codes = int_rne(v * 64, -127, 127)
     else:
