@@ -15,8 +15,9 @@ Steps: each forward of a module is one step (``module.step`` counts them; the ba
 follows belongs to the same step). Delayed scaling keeps one :class:`fpsim.DelayedState` per
 role in ``module.delayed``, stepped at the forward (input, weight) and the backward
 (grad_output). Statistics (``stats=True``): each module appends a :class:`GemmStat` per GEMM
-operand and step to ``module.gemm_stats``; :func:`gemm_stats` gathers them over a model.
-Without ``stats`` nothing is computed.
+operand and step to ``module.gemm_stats`` (in memory), and with ``what_if=`` recipes one per
+what-if recipe too; :func:`gemm_stats` gathers them over a model. Without ``stats`` nothing is
+computed.
 """
 
 from __future__ import annotations
@@ -46,21 +47,31 @@ from .gemm import (
 
 __all__ = ["EmulatedLinear", "GemmStat", "convert", "gemm_stats"]
 
+_USES = {
+    "input": (Gemm.FPROP, Gemm.WGRAD),
+    "weight": (Gemm.FPROP, Gemm.DGRAD),
+    "grad_output": (Gemm.DGRAD, Gemm.WGRAD),
+}
+"""The GEMMs each role enters; the first sees it in its own orientation."""
+
 
 @dataclass(frozen=True)
 class GemmStat:
-    """The statistics of one operand of one GEMM of one module at one step."""
+    """The statistics of one operand of one GEMM of one module at one step, under the recipe
+    trained with or a what-if recipe (``recipe``: its name)."""
 
     module: str
+    recipe: str
     step: int
     gemm: str
     role: str
     stats: OperandStats
 
     def row(self) -> dict:
-        """A flat dict (module, step, gemm, role and the :class:`OperandStats` fields)."""
+        """A flat dict (module, recipe, step, gemm, role and the :class:`OperandStats` fields)."""
         return {
             "module": self.module,
+            "recipe": self.recipe,
             "step": self.step,
             "gemm": self.gemm,
             "role": self.role,
@@ -75,7 +86,13 @@ class EmulatedLinear(torch.nn.Linear):
 
     @classmethod
     def wrap(
-        cls, linear: torch.nn.Linear, recipe: GemmRecipe, name: str, stats: bool, backend: Backend
+        cls,
+        linear: torch.nn.Linear,
+        recipe: GemmRecipe,
+        name: str,
+        stats: bool,
+        backend: Backend,
+        what_if: tuple[GemmRecipe, ...] = (),
     ) -> EmulatedLinear:
         """An EmulatedLinear holding ``linear``'s parameters (the same objects)."""
         self = cls.__new__(cls)
@@ -90,20 +107,30 @@ class EmulatedLinear(torch.nn.Linear):
             for r in ROLES
             if isinstance(recipe.operand(r).format, DelayedScaling)
         }
+        self.what_if = what_if
+        self.what_if_delayed = {
+            (w.name, r): w.operand(r).format.init()
+            for w in what_if
+            for r in ROLES
+            if isinstance(w.operand(r).format, DelayedScaling)
+        }
         self.gemm_stats: list[GemmStat] = []
         self._check_weight()
         return self
 
     def _check_weight(self) -> None:
-        """Refuse now a weight shape the recipe's block formats cannot take (pad=False)."""
+        """Refuse now a weight shape a recipe's block formats cannot take (pad=False)."""
         n, k = self.weight.shape
-        fmt = self.recipe.weight.format
-        if isinstance(fmt, BlockFormat):
-            for gemm, shape in ((Gemm.FPROP, (n, k)), (Gemm.DGRAD, (k, n))):
-                try:
-                    block_geometry(shape, fmt)
-                except ValueError as e:
-                    raise ValueError(f"{self.name}: weight in {gemm.value} {shape}: {e}") from None
+        for recipe in (self.recipe, *self.what_if):
+            fmt = recipe.weight.format
+            if isinstance(fmt, BlockFormat):
+                for gemm, shape in ((Gemm.FPROP, (n, k)), (Gemm.DGRAD, (k, n))):
+                    try:
+                        block_geometry(shape, fmt)
+                    except ValueError as e:
+                        raise ValueError(
+                            f"{self.name}: weight in {gemm.value} {shape} under {recipe.name}: {e}"
+                        ) from None
 
     def extra_repr(self) -> str:
         return f"{super().extra_repr()}, recipe={self.recipe.name}"
@@ -123,7 +150,26 @@ class EmulatedLinear(torch.nn.Linear):
 
     def quantized(self, a: np.ndarray, role: str, gemm: Gemm, step: int) -> np.ndarray:
         """``a`` (oriented: contraction axis last) as ``gemm`` reads it, stats recorded."""
-        op = self.recipe.operand(role)
+        q, st = self._quantize(a, self.recipe, role, gemm, step, self.stats)
+        self._record(self.recipe, step, gemm, role, st)
+        self._what_if(a, role, gemm, step)
+        return q
+
+    def delayed_quantized(self, a: np.ndarray, role: str, step: int) -> np.ndarray:
+        """The delayed-scaling cast of ``a`` (in its own orientation; one per step, serving both
+        GEMMs of the role), its state stepped."""
+        q, self.delayed[role], st = delayed_cast(
+            a, self.recipe.operand(role).format, self.delayed[role], stats=self.stats
+        )
+        for g in _USES[role]:
+            self._record(self.recipe, step, g, role, st)
+        if self.what_if:
+            self._what_if(a, role, _USES[role][0], step)
+            self._what_if(np.ascontiguousarray(a.T), role, _USES[role][1], step)
+        return q
+
+    def _quantize(self, a, recipe: GemmRecipe, role: str, gemm: Gemm, step: int, stats: bool):
+        op = recipe.operand(role)
         if op.hadamard and gemm is Gemm.WGRAD:
             try:
                 a = hadamard16(a)
@@ -131,26 +177,31 @@ class EmulatedLinear(torch.nn.Linear):
                 raise ValueError(f"{self.name}: {role} in {gemm.value} {a.shape}: {e}") from None
         words = None
         if op.stochastic:
-            words = operand_words(self.recipe.seed, self.name, step, gemm, role, a.shape)
+            words = operand_words(recipe.seed, self.name, step, gemm, role, a.shape)
         try:
-            q, st = quantize_operand(a, op, self.backend, random_bits=words, stats=self.stats)
+            return quantize_operand(a, op, self.backend, random_bits=words, stats=stats)
         except ValueError as e:
             raise ValueError(f"{self.name}: {role} in {gemm.value} {a.shape} under {op.name}: {e}") from None
-        self._record(step, gemm, role, st)
-        return q
 
-    def delayed_quantized(self, a: np.ndarray, role: str, step: int, gemms: tuple[Gemm, ...]) -> np.ndarray:
-        """The delayed-scaling cast of ``a`` (one per step), its state stepped."""
-        q, self.delayed[role], st = delayed_cast(
-            a, self.recipe.operand(role).format, self.delayed[role], stats=self.stats
-        )
-        for g in gemms:
-            self._record(step, g, role, st)
-        return q
+    def _what_if(self, a: np.ndarray, role: str, gemm: Gemm, step: int) -> None:
+        """The statistics of ``a`` under each what-if recipe (nothing else kept). A delayed
+        what-if casts once per step, in the role's first GEMM, and counts for both."""
+        for recipe in self.what_if:
+            op = recipe.operand(role)
+            if isinstance(op.format, DelayedScaling):
+                if gemm is _USES[role][0]:
+                    key = (recipe.name, role)
+                    _, self.what_if_delayed[key], st = delayed_cast(
+                        a, op.format, self.what_if_delayed[key], stats=True
+                    )
+                    for g in _USES[role]:
+                        self._record(recipe, step, g, role, st)
+            else:
+                self._record(recipe, step, gemm, role, self._quantize(a, recipe, role, gemm, step, True)[1])
 
-    def _record(self, step: int, gemm: Gemm, role: str, st: OperandStats | None) -> None:
+    def _record(self, recipe: GemmRecipe, step: int, gemm: Gemm, role: str, st: OperandStats | None) -> None:
         if st is not None:
-            self.gemm_stats.append(GemmStat(self.name, step, gemm.value, role, st))
+            self.gemm_stats.append(GemmStat(self.name, recipe.name, step, gemm.value, role, st))
 
     def is_delayed(self, role: str) -> bool:
         return role in self.delayed
@@ -170,14 +221,13 @@ class _LinearFn(torch.autograd.Function):
     def forward(ctx, x: torch.Tensor, weight: torch.Tensor, bias, mod: EmulatedLinear) -> torch.Tensor:
         x2, w = _host(x).reshape(-1, mod.in_features), _host(weight)
         step = mod.step
-        fwd = (Gemm.FPROP, Gemm.WGRAD)
         if mod.is_delayed("input"):
-            xq = mod.delayed_quantized(x2, "input", step, fwd)
+            xq = mod.delayed_quantized(x2, "input", step)
             ctx.xq_wgrad = np.ascontiguousarray(xq.T)
         else:
             xq = mod.quantized(x2, "input", Gemm.FPROP, step)
         if mod.is_delayed("weight"):
-            wq = mod.delayed_quantized(w, "weight", step, (Gemm.FPROP, Gemm.DGRAD))
+            wq = mod.delayed_quantized(w, "weight", step)
             ctx.wq_dgrad = np.ascontiguousarray(wq.T)
         else:
             wq = mod.quantized(w, "weight", Gemm.FPROP, step)
@@ -193,7 +243,7 @@ class _LinearFn(torch.autograd.Function):
         mod, step = ctx.mod, ctx.step
         dy2 = _host(dy).reshape(-1, mod.out_features)
         if mod.is_delayed("grad_output"):
-            gq = mod.delayed_quantized(dy2, "grad_output", step, (Gemm.DGRAD, Gemm.WGRAD))
+            gq = mod.delayed_quantized(dy2, "grad_output", step)
             gq_d, gq_w = gq, np.ascontiguousarray(gq.T)
         else:
             gq_d = mod.quantized(dy2, "grad_output", Gemm.DGRAD, step)
@@ -219,6 +269,7 @@ def convert(
     modules: Iterable[str] | str | None = None,
     keep_first_last: bool = False,
     stats: bool = False,
+    what_if: Iterable[GemmRecipe | str] = (),
     backend: Backend | str = "auto",
 ) -> torch.nn.Module:
     """Replace ``model``'s ``nn.Linear`` modules with :class:`EmulatedLinear` running ``recipe``.
@@ -232,6 +283,9 @@ def convert(
         keep_first_last: keep the model's first and last ``nn.Linear`` (in module order) in
             FP32, as TE and torchao users keep the first and last layers in high precision.
         stats: record per-operand statistics (:func:`gemm_stats`).
+        what_if: recipes (names or GemmRecipes) whose statistics are recorded next to the
+            trained recipe's, on the same high-precision operands (each with its own delayed
+            state): what each would have done at every step of this run. Needs ``stats``.
         backend: where the emulator's loops run (:class:`fpsim.Backend`).
 
     Raises:
@@ -239,6 +293,12 @@ def convert(
             with layers converted already, or a weight shape a recipe's format cannot take.
     """
     recipe, backend = resolve_recipe(recipe), Backend.resolve(backend)
+    what_if = tuple(resolve_recipe(w) for w in ([what_if] if isinstance(what_if, str) else what_if))
+    names = [recipe.name, *(w.name for w in what_if)]
+    if len(set(names)) < len(names):
+        raise ValueError(f"the recipe and the what-if recipes need distinct names, got {', '.join(names)}")
+    if what_if and not stats:
+        raise ValueError("what_if records statistics only: pass stats=True")
     named = [(n, m) for n, m in model.named_modules() if isinstance(m, torch.nn.Linear)]
     done = [n for n, m in named if isinstance(m, EmulatedLinear)]
     if done:
@@ -257,9 +317,9 @@ def convert(
         chosen = [n for n in chosen if n not in ends]
     lookup = dict(named)
     if chosen == [""]:  # the model is one nn.Linear
-        return EmulatedLinear.wrap(model, recipe, "linear", stats, backend)
+        return EmulatedLinear.wrap(model, recipe, "linear", stats, backend, what_if)
     for n in chosen:
-        new = EmulatedLinear.wrap(lookup[n], recipe, n, stats, backend)
+        new = EmulatedLinear.wrap(lookup[n], recipe, n, stats, backend, what_if)
         parent, _, leaf = n.rpartition(".")
         setattr(model.get_submodule(parent) if parent else model, leaf, new)
     return model

@@ -342,3 +342,32 @@ def test_a_short_training_loop_runs_under_each_recipe(name):
         fp32 = run(_mlp())
         assert losses[-1] < 0.1 * losses[0] and fp32[-1] < 0.1 * fp32[0]
         assert losses != fp32
+
+
+def test_what_if_statistics_equal_those_of_training_with_that_recipe():
+    """what_if=: on the same operands (fixed weights, given x and dy), the statistics recorded
+    for a what-if recipe equal those of a layer trained with it (stochastic rounding, the
+    Hadamard transform and delayed states included), step by step; the trained recipe's own
+    rows are unchanged by the what-ifs."""
+    rng = np.random.default_rng(6)
+    lin = torch.nn.Linear(64, 32)
+    data = [(_wide(rng, (32, 64)), _wide(rng, (32, 32))) for _ in range(3)]
+
+    def run(recipe, **kw):
+        layer = convert(torch.nn.Linear(64, 32), recipe, stats=True, **kw)
+        layer.load_state_dict(lin.state_dict())
+        for x, dy in data:
+            layer(torch.tensor(x)).backward(torch.tensor(dy))
+        return gemm_stats(layer)
+
+    both = run("fp8-current", what_if=["nvfp4", "fp8-delayed", "mxfp8"])
+    for name in ("fp8-current", "nvfp4", "fp8-delayed", "mxfp8"):
+        mine = [r for r in both if r["recipe"] == name]
+        alone = run(name)
+        assert len(mine) == len(alone) == 18
+        key = lambda r: (r["step"], r["gemm"], r["role"])  # noqa: E731
+        assert sorted(mine, key=key) == sorted(alone, key=key), name
+    with pytest.raises(ValueError, match="what_if records statistics only"):
+        convert(torch.nn.Linear(64, 32), "bf16", what_if=["mxfp8"])
+    with pytest.raises(ValueError, match="distinct names"):
+        convert(torch.nn.Linear(64, 32), "bf16", stats=True, what_if=["bf16"])
