@@ -48,6 +48,8 @@ from types import MappingProxyType
 import numpy as np
 
 from .._compiled import Backend
+from ..accumulate import AccumulatorSpec
+from ..accumulate.verbs import _matmul
 from ..emulate import blocks, element
 from ..emulate.delayed import DelayedScaling, DelayedState
 from ..emulate.random import random_bits_at
@@ -55,6 +57,7 @@ from ..formats import FORMATS, RECIPES, BlockFormat, Codebook, Format, RoundMode
 from ..replay.storage import master_seed
 
 __all__ = [
+    "ACCUMULATORS",
     "GEMM_RECIPES",
     "ROLES",
     "Gemm",
@@ -63,6 +66,7 @@ __all__ = [
     "OperandStats",
     "delayed_cast",
     "fp8_delayed",
+    "gemm",
     "hadamard16",
     "operand_seed",
     "quantize_operand",
@@ -147,10 +151,16 @@ class GemmRecipe:
         name: a name for tables and plots.
         input, weight, grad_output: each role's :class:`OperandRecipe`.
         seed: the seed of stochastic rounding (:func:`operand_seed`).
+        accumulate: the GEMMs' accumulation: None, FP32 (``torch.matmul`` of the dequantized
+            operands), or a :class:`fpsim.accumulate.AccumulatorSpec` (``fpsim.matmul``'s
+            emulated accumulator, e.g. :data:`ACCUMULATORS` ``"hopper-fp8"``), deterministic
+            roundings only.
 
     Raises:
-        TypeError: operands that are not OperandRecipes, a seed that is not an int.
-        ValueError: a Hadamard transform on the weight (TE applies it to the wgrad operands).
+        TypeError: operands that are not OperandRecipes, a seed that is not an int, an
+            accumulator that is not an AccumulatorSpec.
+        ValueError: a Hadamard transform on the weight (TE applies it to the wgrad operands),
+            an accumulator with stochastic rounding (not emulated here).
     """
 
     name: str
@@ -158,6 +168,7 @@ class GemmRecipe:
     weight: OperandRecipe
     grad_output: OperandRecipe
     seed: int = 0
+    accumulate: AccumulatorSpec | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not self.name:
@@ -173,10 +184,43 @@ class GemmRecipe:
             )
         if isinstance(self.seed, bool) or not isinstance(self.seed, int):
             raise TypeError(f"GemmRecipe {self.name!r}: seed must be an int, got {self.seed!r}")
+        acc = self.accumulate
+        if acc is not None:
+            if not isinstance(acc, AccumulatorSpec):
+                raise TypeError(
+                    f"GemmRecipe {self.name!r}: accumulate must be None or an AccumulatorSpec, "
+                    f"got {type(acc).__name__}"
+                )
+            modes = [acc.rounding, acc.promote_rounding, *(r.mode for r in (*acc.inputs, acc.product) if r)]
+            if RoundMode.STOCHASTIC in modes:
+                raise ValueError(
+                    f"GemmRecipe {self.name!r}: stochastic rounding in the accumulator is not emulated "
+                    "in training (every GEMM would draw the same words)"
+                )
 
     def operand(self, role: str) -> OperandRecipe:
         """The recipe of ``role`` (one of :data:`ROLES`)."""
         return getattr(self, role)
+
+
+ACCUMULATORS: Mapping[str, AccumulatorSpec] = MappingProxyType(
+    {
+        "hopper-fp8": AccumulatorSpec.build(accumulator=14),
+        "hopper-fp8-promoted": AccumulatorSpec.build(accumulator=14, promote_every=128),
+    }
+)
+"""Accumulators for ``GemmRecipe(accumulate=...)``: Hopper's FP8 tensor-core MMA keeping about 14
+bits of the aligned sum (DeepSeek-V3's measurement, as ``fpsim accumulate --deepseek`` models
+it), without and with promotion to FP32 every 128 products (DeepGEMM)."""
+
+
+def gemm(a: np.ndarray, b: np.ndarray, spec: AccumulatorSpec | None) -> np.ndarray:
+    """``a @ b^T`` of two dequantized operands (float32, contraction axis last) accumulated as
+    ``spec`` says (``fpsim.matmul``'s emulated accumulator); None is left to the caller (an FP32
+    matmul of its framework)."""
+    if spec is None:
+        raise ValueError("gemm: an FP32 GEMM runs in the framework (torch.matmul)")
+    return np.ascontiguousarray(_matmul(spec, a, b.T, None, False), _F32)
 
 
 def fp8_delayed(history_len: int = 1024, amax_compute_algo: str = "max", margin: int = 0) -> GemmRecipe:

@@ -5,8 +5,9 @@ same objects, so an optimizer made before keeps working) with :class:`EmulatedLi
 forward and backward are one ``torch.autograd.Function``: fprop, dgrad and wgrad as
 :mod:`fpsim.train.gemm` describes them, each operand quantized from the high-precision tensor
 along that GEMM's contraction axis (:func:`fpsim.train.gemm.quantize_operand`), the GEMM an
-FP32 ``torch.matmul`` of the dequantized operands, the bias added after it in FP32 and its
-gradient summed from the high-precision ``dy``.
+FP32 ``torch.matmul`` of the dequantized operands (or the recipe's emulated accumulator,
+:func:`fpsim.train.gemm.gemm`), the bias added after it in FP32 and its gradient summed from the
+high-precision ``dy``.
 
 The quantization runs on numpy (the emulator's code); CUDA tensors are copied to the host for
 it (no Triton path yet). Parameters and inputs must be float32.
@@ -39,6 +40,7 @@ from .gemm import (
     GemmRecipe,
     OperandStats,
     delayed_cast,
+    gemm,
     hadamard16,
     operand_words,
     quantize_operand,
@@ -94,12 +96,14 @@ class EmulatedLinear(torch.nn.Linear):
         backend: Backend,
         what_if: tuple[GemmRecipe, ...] = (),
     ) -> EmulatedLinear:
-        """An EmulatedLinear holding ``linear``'s parameters (the same objects)."""
+        """An EmulatedLinear holding ``linear``'s parameters (the same objects) in its training
+        mode (hooks registered on ``linear`` are not carried over)."""
         self = cls.__new__(cls)
         torch.nn.Module.__init__(self)
         self.in_features, self.out_features = linear.in_features, linear.out_features
         self.weight = linear.weight
         self.bias = linear.bias
+        self.train(linear.training)
         self.recipe, self.name, self.stats, self.backend = recipe, name, stats, backend
         self.step = 0
         self.delayed = {
@@ -207,8 +211,11 @@ class EmulatedLinear(torch.nn.Linear):
         return role in self.delayed
 
 
-def _gemm(a: np.ndarray, b: np.ndarray) -> torch.Tensor:
-    """``a @ b^T`` in FP32 (both contiguous, contraction axis last)."""
+def _gemm(a: np.ndarray, b: np.ndarray, mod: EmulatedLinear) -> torch.Tensor:
+    """``a @ b^T`` (both contiguous, contraction axis last): FP32, or the recipe's accumulator."""
+    spec = mod.recipe.accumulate
+    if spec is not None:
+        return torch.from_numpy(gemm(a, b, spec))
     return torch.matmul(torch.from_numpy(a), torch.from_numpy(b).T)
 
 
@@ -231,7 +238,7 @@ class _LinearFn(torch.autograd.Function):
             ctx.wq_dgrad = np.ascontiguousarray(wq.T)
         else:
             wq = mod.quantized(w, "weight", Gemm.FPROP, step)
-        y = _gemm(xq, wq)
+        y = _gemm(xq, wq, mod)
         if bias is not None:
             y = y + bias.detach().to("cpu")
         ctx.mod, ctx.step, ctx.x2, ctx.w = mod, step, x2, w
@@ -256,8 +263,8 @@ class _LinearFn(torch.autograd.Function):
             xq_w = ctx.xq_wgrad
         else:
             xq_w = mod.quantized(np.ascontiguousarray(ctx.x2.T), "input", Gemm.WGRAD, step)
-        dx = _gemm(gq_d, wq_d).reshape(ctx.x_shape).to(dy.device)
-        dw = _gemm(gq_w, xq_w).to(dy.device)
+        dx = _gemm(gq_d, wq_d, mod).reshape(ctx.x_shape).to(dy.device)
+        dw = _gemm(gq_w, xq_w, mod).to(dy.device)
         db = torch.from_numpy(dy2).sum(0).to(dy.device) if ctx.has_bias else None
         return dx, dw, db, None
 

@@ -371,3 +371,36 @@ def test_what_if_statistics_equal_those_of_training_with_that_recipe():
         convert(torch.nn.Linear(64, 32), "bf16", what_if=["mxfp8"])
     with pytest.raises(ValueError, match="distinct names"):
         convert(torch.nn.Linear(64, 32), "bf16", stats=True, what_if=["bf16"])
+
+
+def test_emulated_accumulator_is_fpsim_matmul():
+    """accumulate=ACCUMULATORS["hopper-fp8-promoted"]: each GEMM equals fpsim.matmul of the
+    quantized operands with a 14-bit accumulator promoted to FP32 every 128 products, bit for
+    bit, and differs from the FP32 GEMM; stochastic accumulation is refused."""
+    import dataclasses
+
+    recipe = dataclasses.replace(
+        GEMM_RECIPES["fp8-current"], name="hopper", accumulate=G.ACCUMULATORS["hopper-fp8-promoted"]
+    )
+    rng = np.random.default_rng(7)
+    x, w, dy = _wide(rng, (32, 256)), rng.standard_normal((144, 256)).astype(F32), _wide(rng, (32, 144))
+    lin = torch.nn.Linear(256, 144, bias=False)
+    with torch.no_grad():
+        lin.weight.copy_(torch.tensor(w))
+    lin = convert(lin, recipe)
+    xt = torch.tensor(x, requires_grad=True)
+    y = lin(xt)
+    y.backward(torch.tensor(dy))
+    q = lambda role, gemm, a: _oracle_operand(recipe, role, gemm, a)  # noqa: E731
+    acc = {"accumulator": 14, "promote_every": 128}
+    qx, qw = q("input", Gemm.FPROP, x), q("weight", Gemm.FPROP, w)
+    y_ref = fpsim.matmul(qx, qw.T, **acc)
+    dx_ref = fpsim.matmul(q("grad_output", Gemm.DGRAD, dy), q("weight", Gemm.DGRAD, w.T).T, **acc)
+    dw_ref = fpsim.matmul(q("grad_output", Gemm.WGRAD, dy.T), q("input", Gemm.WGRAD, x.T).T, **acc)
+    assert np.array_equal(_bits(y), _bits(y_ref))
+    assert np.array_equal(_bits(xt.grad), _bits(dx_ref))
+    assert np.array_equal(_bits(lin.weight.grad), _bits(dw_ref))
+    assert not np.array_equal(_bits(y), _bits(_mm(qx, qw)))
+    stochastic = fpsim.accumulate.AccumulatorSpec.build(accumulator=14, rounding="stochastic", seed=1)
+    with pytest.raises(ValueError, match="stochastic rounding in the accumulator is not emulated"):
+        dataclasses.replace(recipe, accumulate=stochastic)
