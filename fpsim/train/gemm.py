@@ -7,7 +7,8 @@ GEMM's contraction axis, from the high-precision tensor each time (never dequant
 quantized again, TE issue 1490): :func:`quantize_operand` takes the operand oriented with its
 contraction axis last (``x`` for fprop, ``x^T`` for wgrad, ``W^T`` for dgrad, ...), so that a
 1x32 block of ``x^T`` is a block of 32 tokens of one feature. The GEMM itself is an FP32
-matmul of the dequantized operands.
+matmul of the dequantized operands, or with ``GemmRecipe(accumulate=...)`` :func:`gemm`, an
+emulated accumulator (:data:`ACCUMULATORS`).
 
 Every quantized operand is ``fpsim.quantize`` of that oriented tensor under the operand's
 format (the same code: :func:`fpsim.emulate.blocks.encode_array`, :mod:`fpsim.emulate.element`),
