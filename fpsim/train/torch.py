@@ -21,6 +21,9 @@ Triton kernel :func:`fpsim.kernels.optim.adamw_step` where it covers the configu
 / float32 master without Kahan), else the CPU path after a one-time warning. (The CUDA path is
 not exercised by the CPU test suite.)
 
+Emulated low-precision GEMMs (TE's FP8, MX and NVFP4 recipes in the forward and backward
+passes) are :func:`convert` (:mod:`fpsim.train.linear`), re-exported here.
+
 Statistics: ``stats=True`` collects a :class:`fpsim.train.StepStats` per ``step()`` in
 ``last_stats`` (zero share of the states, update/parameter ratio, swamped share); without it
 nothing is computed.
@@ -40,8 +43,9 @@ from ..replay import optim as rules
 from ..replay.config import ReplayConfig
 from ..replay.storage import master_seed
 from ._core import StepStats, init_tensor, resolve_config, step_tensor
+from .linear import EmulatedLinear, convert, gemm_stats
 
-__all__ = ["SGD", "Adam", "AdamW"]
+__all__ = ["SGD", "Adam", "AdamW", "EmulatedLinear", "convert", "gemm_stats"]
 
 _UNSIGNED = {np.dtype(np.uint32): np.int32, np.dtype(np.uint16): np.int16}  # as torch stores them
 _SIGNED_BACK = {torch.int32: np.uint32, torch.int16: np.uint16}
