@@ -98,7 +98,7 @@ from __future__ import annotations
 from ._accumulator import rounding_count
 from .exact import error_summary, exact_dot, exact_matmul, exact_sum, relative_error
 from .spec import AccumulatorSpec, Compensation, Order, Rounding, accumulator_format
-from .verbs import AccumulationInfo, dot, matmul, scaled_matmul, sum  # noqa: A004 - mirrors numpy.sum
+from .verbs import AccumulationInfo, dot, matmul, matmul_spec, scaled_matmul, sum  # noqa: A004 - mirrors numpy.sum
 
 __all__ = [
     "AccumulationInfo",
@@ -113,6 +113,7 @@ __all__ = [
     "exact_matmul",
     "exact_sum",
     "matmul",
+    "matmul_spec",
     "relative_error",
     "rounding_count",
     "scaled_matmul",

@@ -21,7 +21,7 @@ from ._accumulator import _as_f32, _reduce_tile, _Stream, spec_rounding_count
 from ._operands import blocked_operand, product_rounder, round_operand, segment_scale
 from .spec import AccumulatorSpec, Compensation, Order, SeedStream
 
-__all__ = ["AccumulationInfo", "dot", "matmul", "scaled_matmul", "sum"]
+__all__ = ["AccumulationInfo", "dot", "matmul", "matmul_spec", "scaled_matmul", "sum"]
 
 TILE = 1 << 14  # output elements processed together (their temporaries stay in L2)
 
@@ -255,6 +255,13 @@ def matmul(a: Any, b: Any, **kwargs: Any):
     add per step on tiles of the output, so ``1024^3`` takes seconds, not hours.
     """
     return _products(_matmul, a, b, **kwargs)
+
+
+def matmul_spec(spec: AccumulatorSpec, a: Any, b: Any) -> np.ndarray:
+    """:func:`matmul` under an :class:`AccumulatorSpec` already resolved (the entry point of
+    callers that hold a spec, e.g. the emulated GEMMs of :mod:`fpsim.train.gemm`): the same
+    values, bit for bit; stochastic settings draw their words from the spec's seed."""
+    return _matmul(spec, a, b, None, False)
 
 
 def _products(

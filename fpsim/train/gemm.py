@@ -49,8 +49,7 @@ from types import MappingProxyType
 import numpy as np
 
 from .._compiled import Backend
-from ..accumulate import AccumulatorSpec
-from ..accumulate.verbs import _matmul
+from ..accumulate import AccumulatorSpec, matmul_spec
 from ..emulate import blocks, element
 from ..emulate.delayed import DelayedScaling, DelayedState
 from ..emulate.random import random_bits_at
@@ -221,7 +220,7 @@ def gemm(a: np.ndarray, b: np.ndarray, spec: AccumulatorSpec | None) -> np.ndarr
     matmul of its framework)."""
     if spec is None:
         raise ValueError("gemm: an FP32 GEMM runs in the framework (torch.matmul)")
-    return np.ascontiguousarray(_matmul(spec, a, b.T, None, False), _F32)
+    return np.ascontiguousarray(matmul_spec(spec, a, b.T), _F32)
 
 
 def fp8_delayed(history_len: int = 1024, amax_compute_algo: str = "max", margin: int = 0) -> GemmRecipe:
