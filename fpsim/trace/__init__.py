@@ -102,10 +102,11 @@ Example:
 
 from __future__ import annotations
 
-from .capture import TorchCapture, capture_jax, jax_operands
+from .capture import TorchCapture
 from .checkpoints import open_checkpoint
 from .errors import TraceError
 from .importers import as_trace, open_trace, sample_trace_path
+from .jax_capture import capture_jax, jax_operands
 from .jsonvalues import json_safe
 from .operand_stats import OperandStats, decode_stats
 from .reader import TensorEntry, Trace
