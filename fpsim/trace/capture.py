@@ -12,7 +12,8 @@ PyTorch::
 
 ``step()`` copies what it records (from CUDA: non-blocking copies into pinned host memory)
 and a background thread writes it (:mod:`fpsim.trace.capture_async`), so the loop waits only
-for the copies; ``asynchronous=False`` writes in ``step()`` instead. What is recorded:
+for the copies; ``asynchronous=False`` writes in ``step()`` instead. ``cap.flush()`` waits
+until every recorded step is on disk (e.g. before saving a checkpoint). What is recorded:
 ``when=`` (every N steps, a set/range of steps, or a callable), ``last=K`` with
 ``total_steps=``, ``tensors=`` (name patterns), ``states=`` ("every", "first" or a period)
 and ``operands=`` (True or "stats": each ``nn.Linear``/``nn.Conv`` module's input and the
@@ -45,6 +46,7 @@ import numpy as np
 
 from .capture_async import AsyncTraceWriter, StepSnapshot, cuda_events, snapshot
 from .convert import is_torch_tensor
+from .errors import add_note, write_failure_note
 from .schedule import CaptureSchedule
 from .writer import TraceWriter, _check_step
 
@@ -96,10 +98,24 @@ class TorchCapture:
     Tensors keep their dtype and bits (bfloat16/float8 via ml_dtypes). :meth:`step` copies
     them, so the trace holds their values at the time of the call; with ``asynchronous=True``
     (the default) a background thread writes the copies, at most ``max_pending`` steps
-    waiting (then :meth:`step` blocks), an error of that thread is raised by the next
-    :meth:`step` and by :meth:`close`, and :meth:`close` (or leaving the ``with`` block)
-    waits until every step is on disk. Each step is written atomically: a crash leaves a
-    valid trace of the steps written before it.
+    waiting (then :meth:`step` blocks), and :meth:`close` (or leaving the ``with`` block)
+    waits until every step is on disk. Each step is written atomically (fsynced). A crash
+    (``SIGKILL`` included) leaves a valid trace of the steps written before it: with
+    ``asynchronous=False`` every step whose :meth:`step` returned; with the background writer
+    it can lose the last ``max_pending + 1`` steps whose :meth:`step` returned (the one being
+    written and those queued), none of those recorded before the last :meth:`flush` returned.
+
+    Errors: a step number that does not increase (or, with ``operands``, is not the next
+    one) raises :class:`ValueError` and the capture stays open. A step that cannot be
+    written (a full disk, in :meth:`step` or in the background thread) raises its own
+    exception, once: an :class:`OSError` keeps its class, ``errno``, ``strerror`` and
+    ``filename`` (the step's file), with a note naming the lost steps; the background
+    writer's error is raised by the next :meth:`step`, :meth:`flush` or :meth:`close`. The
+    capture is then closed, its hooks removed and the folder's writer lock released (at the
+    failure): the trace keeps the steps written before, and a new ``TorchCapture`` on the
+    folder (a notebook cell run again) appends after them. :meth:`close` after that does
+    nothing; :meth:`step` raises :class:`RuntimeError` (closed).
+
 
     Args:
         model: the ``torch.nn.Module``.
@@ -194,7 +210,6 @@ class TorchCapture:
         self._next = first_step
         self._hooked_updates = 0
         self._consumed: tuple[Any, int] | None = None  # the gradient the last update used
-        self._hook = None if optimizer is None else optimizer.register_step_post_hook(self._count_update)
         self._countable = optimizer is not None and (_state_count(optimizer) > 0 or not optimizer.state)
         if optimizer is not None and not self._countable:
             warnings.warn(
@@ -204,13 +219,21 @@ class TorchCapture:
             )
         self.writer = TraceWriter(path, metadata=meta)
         self._trace_steps = self.writer.steps[-1:]
-        self._async = AsyncTraceWriter(self.writer, max_pending) if asynchronous else None
-        self._operands = None
-        if operands:
-            from .operands import OperandRecorder
+        self._closed = False
+        self._failure: tuple[int, BaseException] | None = None  # the failed write, once raised
+        self._hook = self._async = self._operands = None
+        try:  # (a failure from here on leaves no hook behind and releases the folder)
+            self._async = AsyncTraceWriter(self.writer, max_pending) if asynchronous else None
+            if optimizer is not None:
+                self._hook = optimizer.register_step_post_hook(self._count_update)
+            if operands:
+                from .operands import OperandRecorder
 
-            self._operands = OperandRecorder(model, self.schedule.selects, stats=operands == "stats")
-            self._operands.arm(self.schedule.records(first_step))
+                self._operands = OperandRecorder(model, self.schedule.selects, stats=operands == "stats")
+                self._operands.arm(self.schedule.records(first_step))
+        except BaseException:
+            self.close()
+            raise
 
     def _count_update(self, optimizer: Any, args: Any, kwargs: Any) -> None:
         self._hooked_updates += 1
@@ -250,13 +273,15 @@ class TorchCapture:
         Raises:
             ValueError: a step number that does not increase (or, with ``operands``, that is
                 not the one the operands were recorded for).
-            RuntimeError: the background writer failed on an earlier step.
+            OSError: writing this step (``asynchronous=False``) or an earlier one (in the
+                background) failed; other exceptions of the writer keep their type too. The
+                capture is closed (see the class docstring).
+            RuntimeError: the capture is closed.
         """
         if isinstance(step, bool) or not isinstance(step, (int, np.integer)):
             raise ValueError(f"step must be an int, got {step!r}")
         step = int(step)
-        if self._async is not None:
-            self._async.raise_error()
+        self._check_open()
         _check_step(step, self._trace_steps)  # against the trace's steps (as the writer will)
         if self._last_step is not None and step <= self._last_step:
             raise ValueError(f"steps must increase: the last step given was {self._last_step}, got {step}")
@@ -289,17 +314,46 @@ class TorchCapture:
             taken, devices = self._operands.collect(), self._operands.devices
         if self._async is not None:
             snap = snapshot(step, tensors, loss, lr, update, skipped, taken=taken, devices=devices)
-            self._async.submit(snap)
+            self._writer_call(self._async.submit, snap)
         else:
             tensors.update(taken)
             if is_torch_tensor(loss):
                 loss = loss.detach().float().cpu().item()
             StepSnapshot(step, tensors, events=cuda_events(devices)).wait()
-            self.writer.write_step(step, tensors, loss=loss, lr=lr, update=update, skipped=skipped)
+            try:
+                self.writer.write_step(step, tensors, loss=loss, lr=lr, update=update, skipped=skipped)
+            except BaseException as e:
+                self._failure = (step, e)
+                self._shutdown()
+                if self.writer.failure is None:  # failed before writing (e.g. a dtype): no note yet
+                    self.writer.close()
+                    add_note(e, write_failure_note(self.path, step, self.writer.steps))
+                raise
         self._recorded += 1
         self._trace_steps = [step]
         self._arm_operands()
         return True
+
+    def _check_open(self) -> None:
+        """Raise if the capture is closed, or the background writer's error (once, closing it)."""
+        if self._closed:
+            why = ""
+            if self._failure is not None:
+                why = f" (writing step {self._failure[0]} failed: {type(self._failure[1]).__name__}: "
+                why += f"{self._failure[1]}; open a new TorchCapture on the folder to record again)"
+            raise RuntimeError(f"this TorchCapture of {self.path} is closed{why}")
+        if self._async is not None:
+            self._writer_call(self._async.raise_error)
+
+    def _writer_call(self, call: Callable[..., None], *args: Any) -> None:
+        """``call(*args)``; when it raises the background writer's error, close the capture."""
+        try:
+            call(*args)
+        except BaseException:
+            if self._async is not None and self._async.failure is not None:
+                self._failure = self._async.failure
+                self._shutdown()
+            raise
 
     def _arm_operands(self) -> None:
         if self._operands is not None:
@@ -320,9 +374,18 @@ class TorchCapture:
         return out
 
     def flush(self) -> None:
-        """Wait until every recorded step is on disk (raises the writer's error, if any)."""
-        if self._async is not None:
-            self._async.flush()
+        """Wait until every step whose :meth:`step` returned is written and fsynced.
+
+        After it returns, a crash (``SIGKILL`` included) loses none of those steps; call it
+        e.g. before saving a checkpoint. Without the background writer there is nothing to
+        wait for; after :meth:`close` it does nothing.
+
+        Raises:
+            OSError: the background writer failed (its own exception, once; see the class
+                docstring); the capture is closed then.
+        """
+        if self._async is not None and not self._closed:
+            self._writer_call(self._async.flush)
 
     def _update_count(self) -> int | None:
         """The number of the optimizer update this step's gradients feed (1-based), or None."""
@@ -347,16 +410,25 @@ class TorchCapture:
         return bool(sum(float(v.item()) for v in found.values()))
 
     def close(self) -> None:
-        """Write every recorded step, drop the hooks; raise the writer's error, if any."""
+        """Write every recorded step, drop the hooks, release the folder's lock.
+
+        Raises the background writer's error if it was not raised yet (once); a second
+        ``close``, or one after the error was raised, does nothing.
+        """
+        self._shutdown()
+        if self._async is not None:
+            self._async.close()
+        else:
+            self.writer.close()
+
+    def _shutdown(self) -> None:
+        """Mark the capture closed and remove its hooks (idempotent)."""
+        self._closed = True
         if self._hook is not None:
             self._hook.remove()
             self._hook = None
         if self._operands is not None:
             self._operands.remove()
-        if self._async is not None:
-            self._async.close()
-        else:
-            self.writer.close()
 
     def __enter__(self) -> TorchCapture:
         return self

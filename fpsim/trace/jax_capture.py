@@ -50,6 +50,11 @@ def capture_jax(
     their attribute name; a bare array is named ``"value"``. Leaves are converted with
     :func:`numpy.asarray`, so bfloat16 stays bfloat16 (ml_dtypes). Writing is synchronous.
 
+    A step that cannot be written (a full disk) raises its own exception (an :class:`OSError`
+    keeps its ``errno`` and names the step's file) with a note naming the lost step; the
+    writer is closed then, its lock released (:class:`TraceWriter`): the trace keeps the
+    steps written before, and a new ``capture_jax`` on the folder appends after them.
+
     Args:
         writer_or_path: a :class:`TraceWriter`, or a trace folder to open one on (appending).
             Pass the returned writer back in on later steps to avoid re-opening the folder.
@@ -69,10 +74,37 @@ def capture_jax(
         operand_stats: store ``inputs`` / ``grad_outputs`` as statistics vectors (roles
             ``"stats.input"`` / ``"stats.grad_output"``, :mod:`fpsim.trace.operand_stats`).
 
+    Raises:
+        ValueError: a step not after the trace's steps, an update count below the last
+            recorded one.
+        OSError: the write failed (the writer is closed).
+
     Returns:
         The writer used.
     """
-    writer = writer_or_path if isinstance(writer_or_path, TraceWriter) else TraceWriter(writer_or_path)
+    if isinstance(writer_or_path, TraceWriter):
+        writer, opened = writer_or_path, False
+    else:
+        writer, opened = TraceWriter(writer_or_path), True
+    try:
+        tensors = _tensors(grads_pytree, params, states, inputs, grad_outputs, operand_stats)
+        writer.write_step(step, tensors, loss=loss, lr=lr, update=update, skipped=skipped)
+    except BaseException:
+        if opened:
+            writer.close()  # nobody else holds it: release the folder's lock
+        raise
+    return writer
+
+
+def _tensors(
+    grads_pytree: Any,
+    params: Any,
+    states: Mapping[str, Any] | None,
+    inputs: Any,
+    grad_outputs: Any,
+    operand_stats: bool,
+) -> dict[str, dict[str, np.ndarray]]:
+    """Role -> name -> array of one step's pytrees (see :func:`capture_jax`)."""
     tensors = {"grad": _flatten_pytree(grads_pytree)}
     if params is not None:
         tensors["param"] = _flatten_pytree(params)
@@ -84,8 +116,7 @@ def capture_jax(
             if operand_stats:
                 role, named = f"stats.{role}", {n: stats_vector(a) for n, a in named.items()}
             tensors[role] = named
-    writer.write_step(step, tensors, loss=loss, lr=lr, update=update, skipped=skipped)
-    return writer
+    return tensors
 
 
 def jax_operands(loss_fn: Callable[..., Any], params: Any, taps: Any, *args: Any) -> tuple[Any, ...]:

@@ -8,11 +8,13 @@ step's safetensors file under a fresh temporary name in the trace folder (``mkst
 renames it into place with :func:`os.replace`, then appends the step's line to the step log
 ``steps.jsonl`` in one ``write`` and fsyncs it (the format is in :mod:`fpsim.trace`). The
 manifest is written only when the writer opens the folder (with new metadata, or to
-convert a version 1 trace). A crash at any point leaves exactly the completed steps
+convert a version 1 trace). A crash at any point leaves exactly the completed steps (those
+whose :meth:`~TraceWriter.write_step` returned, and at most the one being written)
 readable: a step file whose line was not (fully) appended is an unlisted file, and a torn
 last line is an incomplete step; readers ignore both with a warning, and the next
 :class:`TraceWriter` opened on the folder deletes them. A failed write (a full disk) raises
-:class:`OSError` naming the file and cuts a partial line off the log.
+its :class:`OSError` naming the file, cuts a partial line off the log and closes the writer,
+releasing the lock, so that a new writer can append after the completed steps.
 """
 
 from __future__ import annotations
@@ -31,7 +33,7 @@ from typing import Any
 import numpy as np
 
 from .convert import to_numpy
-from .errors import TraceError
+from .errors import TraceError, add_note, write_failure_note
 from .files import read_small
 from .jsonvalues import json_float
 from .lock import LOCK_FILE, WriterLock
@@ -62,7 +64,7 @@ class TraceWriter:
     the recorded metadata (new values win). A version 1 trace is converted to version 2 (its
     steps moved to the step log). A new or empty folder gets a manifest with no steps at
     once. Only one writer may work on a folder at a time: the writer holds the folder's
-    lock until :meth:`close` (or the end of a ``with`` block, or the process).
+    lock until :meth:`close` (or the end of a ``with`` block, a failed write, or the process).
 
     Args:
         path: the trace folder (created if missing).
@@ -81,6 +83,7 @@ class TraceWriter:
         self.path = Path(path)
         if metadata is not None and not isinstance(metadata, Mapping):
             raise TypeError(f"metadata must be a mapping, got {type(metadata).__name__}")
+        self._failure: str | None = None
         if self.path.exists() and not self.path.is_dir():
             raise TraceError(f"{self.path}: a trace is a folder, but this is a file")
         try:
@@ -143,6 +146,16 @@ class TraceWriter:
         """The steps written so far (including those found when the folder was opened)."""
         return [item["step"] for item in self._steps]
 
+    @property
+    def failure(self) -> str | None:
+        """Why a failed write closed the writer (``"writing step 4 failed: OSError: ..."``), or None."""
+        return self._failure
+
+    @property
+    def closed(self) -> bool:
+        """Whether the writer is closed (by :meth:`close`, or by a failed write)."""
+        return self._closed
+
     def write_step(
         self,
         step: int,
@@ -168,11 +181,17 @@ class TraceWriter:
             skipped: the run did not apply this update (a loss scaler found inf/NaN).
 
         Raises:
-            ValueError: bad step number, role, name, update count or skipped flag.
+            ValueError: bad step number, role, name, update count or skipped flag (the
+                writer stays open: nothing was written).
             TypeError: an array of a dtype safetensors cannot hold (e.g. complex).
+            OSError: writing failed (e.g. a full disk), naming the file: the step is not in
+                the trace, and the writer is closed (its lock released), as after any error
+                raised while the step was being written; a note on the error says so
+                (:func:`~fpsim.trace.errors.write_failure_note`).
         """
         if self._closed:
-            raise ValueError(f"TraceWriter for {self.path} is closed")
+            why = f" ({self._failure})" if self._failure else ""
+            raise ValueError(f"TraceWriter for {self.path} is closed{why}")
         step = _check_step(step, self.steps)
         update = _check_update(update, self._steps)
         if not isinstance(skipped, bool):
@@ -204,16 +223,22 @@ class TraceWriter:
         counts = (("update", update), ("skipped", skipped or None))
         meta.update({k: json.dumps(v) for k, v in (("loss", loss_v), ("lr", lr_v), *counts) if v is not None})
         final = self.path / fname
-        self._atomic(final, lambda fd: write_safetensors(fd, arrays, meta, fsync=True))
         item = {"step": step, "file": fname, "loss": loss_v, "lr": lr_v}
         item.update({k: v for k, v in counts if v is not None})
         item["tensors"] = listing
-        self._append_log(item)
+        try:
+            self._atomic(final, lambda fd: write_safetensors(fd, arrays, meta, fsync=True))
+            self._append_log(item)
+        except BaseException as e:  # the trace keeps its completed steps; a new writer goes on
+            self._failure = f"writing step {step} failed: {type(e).__name__}: {e}"
+            self.close()
+            add_note(e, write_failure_note(self.path, step, self.steps))
+            raise
         self._steps.append(item)
         return final
 
     def close(self) -> None:
-        """Close the writer and release the folder's lock (every step is already on disk)."""
+        """Close the writer and release the folder's lock (every step is already on disk); idempotent."""
         if not self._closed:
             self._closed = True
             self._log_closer()
@@ -269,11 +294,13 @@ class TraceWriter:
             while done < len(line):
                 done += os.write(self._log_fd, line[done:])
             os.fsync(self._log_fd)
-        except OSError as e:
+        except BaseException as e:  # (an interrupt between two writes too: no torn line stays)
             try:
                 os.ftruncate(self._log_fd, self._log_size)
             except OSError:
                 pass
+            if not isinstance(e, OSError):
+                raise
             raise OSError(
                 e.errno, f"{e.strerror} (appending step {item['step']} to the step log)", str(log)
             ) from e
