@@ -13,7 +13,8 @@ PyTorch::
 ``step()`` copies what it records (from CUDA: non-blocking copies into pinned host memory)
 and a background thread writes it (:mod:`fpsim.trace.capture_async`), so the loop waits only
 for the copies; ``asynchronous=False`` writes in ``step()`` instead. ``cap.flush()`` waits
-until every recorded step is on disk (e.g. before saving a checkpoint). What is recorded:
+until every recorded step is on disk (e.g. before saving a checkpoint). A run resumed from a
+checkpoint at step ``S`` opens the capture with ``resume_from=S``. What is recorded:
 ``when=`` (every N steps, a set/range of steps, or a callable), ``last=K`` with
 ``total_steps=``, ``tensors=`` (name patterns), ``states=`` ("every", "first" or a period)
 and ``operands=`` (True or "stats": each ``nn.Linear``/``nn.Conv`` module's input and the
@@ -48,7 +49,7 @@ from .capture_async import AsyncTraceWriter, StepSnapshot, cuda_events, snapshot
 from .convert import is_torch_tensor
 from .errors import add_note, write_failure_note
 from .schedule import CaptureSchedule
-from .writer import TraceWriter, _check_step
+from .writer import TraceWriter, check_next_step, check_resume_from, check_update
 
 __all__ = ["TorchCapture"]
 
@@ -116,6 +117,14 @@ class TorchCapture:
     folder (a notebook cell run again) appends after them. :meth:`close` after that does
     nothing; :meth:`step` raises :class:`RuntimeError` (closed).
 
+    Resumed runs: :meth:`step` refuses, synchronously, a run the trace cannot take: a step
+    the trace holds already (or a later one), a step before ``resume_from``, an update count
+    below the last one recorded (a run restarted with a fresh optimizer counts from 1). The
+    :class:`ValueError` names the steps or counts and what to do; nothing is written and the
+    capture is closed, its lock released, so that a new one can be opened as it says. A run
+    restarted from a checkpoint at step ``S`` (after a preemption the trace usually holds
+    steps ``>= S`` already) passes ``resume_from=S``: the trace's steps ``>= S`` are dropped
+    atomically when the capture opens (:class:`TraceWriter`), and the run records from ``S``.
 
     Args:
         model: the ``torch.nn.Module``.
@@ -144,7 +153,11 @@ class TorchCapture:
         asynchronous: write in a background thread (default) or in :meth:`step`.
         max_pending: snapshots that may wait for the writer thread (default 2; with the one
             being written, at most ``max_pending + 1`` copies of a step are in memory).
-        first_step: the step number of the loop's first :meth:`step` call (with ``operands``).
+        first_step: the step number of the loop's first :meth:`step` call (with ``operands``;
+            default ``resume_from``, else 0).
+        resume_from: the step the run resumes from (its checkpoint's): the trace's steps
+            ``>= resume_from`` are dropped, and steps before it are refused. None (default):
+            the trace keeps every step, and a step not after them is refused, naming them.
     """
 
     def __init__(
@@ -165,7 +178,8 @@ class TorchCapture:
         operands: bool | str = False,
         asynchronous: bool = True,
         max_pending: int = 2,
-        first_step: int = 0,
+        first_step: int | None = None,
+        resume_from: int | None = None,
     ):
         import torch
 
@@ -177,6 +191,9 @@ class TorchCapture:
             raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
         if operands not in (False, True, "stats"):
             raise ValueError(f"operands= must be False, True or 'stats', got {operands!r}")
+        resume_from = check_resume_from(resume_from)
+        if first_step is None:
+            first_step = 0 if resume_from is None else resume_from
         if isinstance(first_step, bool) or not isinstance(first_step, int) or first_step < 0:
             raise ValueError(f"first_step must be a non-negative int, got {first_step!r}")
         self.schedule = CaptureSchedule.resolve(
@@ -217,8 +234,9 @@ class TorchCapture:
                 "records no update counts (replay with first_update=)",
                 stacklevel=2,
             )
-        self.writer = TraceWriter(path, metadata=meta)
-        self._trace_steps = self.writer.steps[-1:]
+        self.writer = TraceWriter(path, metadata=meta, resume_from=resume_from)
+        self._trace_steps = self.writer.steps  # (then only the last recorded one)
+        self._last_update = self.writer.last_update  # (step, count) recorded or queued last
         self._closed = False
         self._failure: tuple[int, BaseException] | None = None  # the failed write, once raised
         self._hook = self._async = self._operands = None
@@ -272,7 +290,10 @@ class TorchCapture:
 
         Raises:
             ValueError: a step number that does not increase (or, with ``operands``, that is
-                not the one the operands were recorded for).
+                not the one the operands were recorded for): the capture stays open. A step
+                the trace holds already (without ``resume_from``) or one before
+                ``resume_from``; an update count below the trace's last one (a run restarted
+                with a fresh optimizer): the capture is closed. Nothing is recorded.
             OSError: writing this step (``asynchronous=False``) or an earlier one (in the
                 background) failed; other exceptions of the writer keep their type too. The
                 capture is closed (see the class docstring).
@@ -282,7 +303,6 @@ class TorchCapture:
             raise ValueError(f"step must be an int, got {step!r}")
         step = int(step)
         self._check_open()
-        _check_step(step, self._trace_steps)  # against the trace's steps (as the writer will)
         if self._last_step is not None and step <= self._last_step:
             raise ValueError(f"steps must increase: the last step given was {self._last_step}, got {step}")
         if self._operands is not None and step != self._next:
@@ -290,8 +310,17 @@ class TorchCapture:
                 f"with operands=, step numbers must be consecutive (the operand hooks recorded the "
                 f"forward/backward of step {self._next}), got step {step}"
             )
+        records = self.schedule.records(step)
+        update = None if self.optimizer is None or not records else self._update_count()
+        try:
+            check_next_step(step, self._trace_steps, self.writer.resume_from, self.path)
+            self._check_update(step, update)
+        except ValueError as refused:  # only a new capture can go on: release the folder
+            add_note(refused, f"fpsim: this TorchCapture of {self.path} is closed (its writer lock released)")
+            self.close()
+            raise
         self._last_step, self._next = step, step + 1
-        if not self.schedule.records(step):
+        if not records:
             self._arm_operands()
             return False
         skipped = self._unscale() if self.scaler is not None else False
@@ -308,7 +337,6 @@ class TorchCapture:
                 self._with_states += bool(found)
             if lr is None:
                 lr = self.optimizer.param_groups[0]["lr"]
-        update = None if self.optimizer is None else self._update_count()
         taken, devices = {}, set()
         if self._operands is not None:
             taken, devices = self._operands.collect(), self._operands.devices
@@ -331,6 +359,8 @@ class TorchCapture:
                 raise
         self._recorded += 1
         self._trace_steps = [step]
+        if update is not None:
+            self._last_update = (step, update)
         self._arm_operands()
         return True
 
@@ -354,6 +384,22 @@ class TorchCapture:
                 self._failure = self._async.failure
                 self._shutdown()
             raise
+
+    def _check_update(self, step: int, update: int | None) -> None:
+        """Refuse an update count below the last one recorded or queued (a fresh optimizer)."""
+        if update is None or self._last_update is None or update >= self._last_update[1]:
+            return
+        if _state_count(self.optimizer) == 0:  # counted by the step hook, since the capture began
+            last_step, last = self._last_update
+            raise ValueError(
+                f"step {step}: update counts must not decrease: the trace {self.path} recorded update "
+                f"{last} at step {last_step}, but {type(self.optimizer).__name__} keeps no update count "
+                f"(none yet: a fresh optimizer has no state), so this capture counts the updates it saw: "
+                f"{update}. A run restarted with a fresh optimizer: restore the optimizer's state from the "
+                f"checkpoint the run resumed from and pass resume_from=<its step>; an optimizer that never "
+                f"keeps a count (SGD) cannot continue a trace's counts: record into a new trace folder"
+            )
+        check_update(update, self._last_update, self.path, step)
 
     def _arm_operands(self) -> None:
         if self._operands is not None:

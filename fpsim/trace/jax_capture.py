@@ -42,6 +42,7 @@ def capture_jax(
     inputs: Any = None,
     grad_outputs: Any = None,
     operand_stats: bool = False,
+    resume_from: int | None = None,
 ) -> TraceWriter:
     """Record one step of JAX gradients (a pytree) into a trace.
 
@@ -73,19 +74,26 @@ def capture_jax(
         grad_outputs: optional pytree of the gradients of GEMM outputs (role ``"grad_output"``).
         operand_stats: store ``inputs`` / ``grad_outputs`` as statistics vectors (roles
             ``"stats.input"`` / ``"stats.grad_output"``, :mod:`fpsim.trace.operand_stats`).
+        resume_from: when ``writer_or_path`` is a folder: the step the run resumes from (its
+            checkpoint's); the trace's steps from there on are dropped (see :class:`TraceWriter`).
 
     Raises:
-        ValueError: a step not after the trace's steps, an update count below the last
-            recorded one.
+        ValueError: a step not after the trace's steps (naming them), an update count below
+            the last recorded one, ``resume_from`` with a writer already open.
         OSError: the write failed (the writer is closed).
 
     Returns:
         The writer used.
     """
     if isinstance(writer_or_path, TraceWriter):
+        if resume_from is not None:
+            raise ValueError(
+                "resume_from= applies when capture_jax opens the trace folder; this TraceWriter is open "
+                "already (give resume_from= to TraceWriter, or the folder to capture_jax)"
+            )
         writer, opened = writer_or_path, False
     else:
-        writer, opened = TraceWriter(writer_or_path), True
+        writer, opened = TraceWriter(writer_or_path, resume_from=resume_from), True
     try:
         tensors = _tensors(grads_pytree, params, states, inputs, grad_outputs, operand_stats)
         writer.write_step(step, tensors, loss=loss, lr=lr, update=update, skipped=skipped)

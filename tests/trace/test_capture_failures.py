@@ -266,3 +266,32 @@ def test_a_capture_that_cannot_open_leaves_no_hook_behind(tmp_path):
     assert dict(opt._optimizer_step_post_hooks) == hooks
     with TorchCapture(model, tmp_path / "t", optimizer=opt):  # (nor the lock)
         assert len(opt._optimizer_step_post_hooks) == len(hooks) + 1
+
+
+def test_fresh_optimizer_is_refused_in_step_itself(tmp_path):
+    """A run restarted with a fresh optimizer (update count back to 1): cap.step raises at once,
+    saying what to do; nothing is written, and the capture is closed (a new one can open)."""
+    path = tmp_path / "t"
+    model = torch.nn.Linear(3, 2)
+    opt = torch.optim.Adam(model.parameters(), lr=0.01)
+    _cell(TorchCapture(model, path, optimizer=opt), model, opt, range(5), [])
+    before = (path / "steps.jsonl").read_bytes()
+    fresh = torch.optim.Adam(model.parameters(), lr=0.01)
+    cap = TorchCapture(model, path, optimizer=fresh)
+    model.weight.grad = torch.ones(2, 3)
+    with pytest.raises(
+        ValueError, match=r"step 5: update counts must not decrease: .* update 5 at step 4"
+    ) as info:
+        cap.step(5)
+    assert "fresh optimizer" in str(info.value) and "resume_from=" in str(info.value)
+    assert (path / "steps.jsonl").read_bytes() == before
+
+    older = torch.optim.Adam(model.parameters(), lr=0.01)  # keeps its count: 2 updates done
+    for _ in range(2):
+        model.weight.grad = torch.ones(2, 3)
+        older.step()
+    with TorchCapture(model, path, optimizer=older) as cap:
+        with pytest.raises(ValueError, match=r"step 5: update counts must not decrease: .* got 3\. A run"):
+            cap.step(5)
+    with TorchCapture(model, path, optimizer=older, when={7}) as cap:
+        assert cap.step(5) is False  # not recorded: its count does not matter
