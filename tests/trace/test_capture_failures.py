@@ -72,11 +72,11 @@ def _cell(cap, model, opt, steps, given):
     cap.close()
 
 
-def _check_trace(path, model, steps):
+def _check_trace(path, model, steps, updates=True):
     t = open_trace(path)
     assert t.steps == steps
     for s in steps:
-        assert t.loss(s) == float(s) and t.update(s) == s + 1  # one Adam update per step given
+        assert t.loss(s) == float(s) and t.update(s) == (s + 1 if updates else None)  # an update a step
         for i, (name, p) in enumerate(model.named_parameters()):
             assert t.read(t.entry(s, name)).tobytes() == _grad(s, i, p.shape).numpy().tobytes()
 
@@ -116,6 +116,28 @@ def test_disk_full_keeps_the_oserror_and_a_cell_run_again_records_again(tmp_path
     _cell(cap2, model, opt, range(stopped, 10), [])
     _check_trace(path, model, [0, 1, *range(stopped, 10)])
     assert cap is not None
+
+
+@pytest.mark.parametrize("asynchronous", [False, True], ids=["sync", "async"])
+def test_a_disk_that_really_fills_then_the_cell_run_again_after_freeing_space(small_disk, asynchronous):
+    """A 1 MiB tmpfs fills for real: the loop gets ENOSPC, the trace keeps the completed steps;
+    a file deleted (space freed), the same cell runs again and records after them."""
+    path, filler = small_disk / "t", small_disk / "filler"
+    filler.write_bytes(b"\0" * 400_000)
+    model = torch.nn.Linear(200, 200)  # 160 kB of gradients a step: the fourth does not fit
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)  # (not given to the capture: no state)
+    cap = TorchCapture(model, path, asynchronous=asynchronous)
+    given: list[int] = []
+    with pytest.raises(OSError) as info:
+        _cell(cap, model, opt, range(20), given)
+    done = open_trace(path).steps
+    assert done == [0, 1, 2]
+    assert info.value.errno == errno.ENOSPC and info.value.filename.startswith(str(path))
+    assert "step 3 was not written" in info.value.__notes__[0]
+    filler.unlink()
+    stopped = given[-1]
+    _cell(TorchCapture(model, path, asynchronous=asynchronous), model, opt, [stopped], [])
+    _check_trace(path, model, [*done, stopped], updates=False)
 
 
 def test_background_error_is_raised_once_by_flush_or_by_leaving_the_with_block(tmp_path, disk):
