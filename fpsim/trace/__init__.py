@@ -65,9 +65,19 @@ writer, in the same process or another, is refused naming that pid, and the lock
 writer that died is taken over. Each step is written to a fresh temporary file
 (``mkstemp``, never following a planted symlink), fsynced and renamed into place, then its
 log line is appended in one ``write`` and fsynced. A crash at any point (``SIGKILL``
-included) leaves exactly the completed steps readable; a full disk raises :class:`OSError`
-naming the file and leaves the listed steps as they were (a step file whose line could not
-be appended stays unlisted, and the next writer deletes it).
+included) leaves exactly the completed steps readable (those whose ``write_step`` returned,
+and at most the one being written); a full disk raises :class:`OSError` naming the file,
+leaves the listed steps as they were (a step file whose line could not be appended stays
+unlisted, and the next writer deletes it) and closes the writer, releasing the lock.
+:class:`TorchCapture` writes in a background thread: a crash can also lose the steps still
+queued for it, at most ``max_pending + 1`` whose ``cap.step`` returned, and none recorded
+before ``cap.flush()`` returned. A run resumed from a checkpoint at step ``S`` opens the
+writer with ``resume_from=S``, which drops the steps ``>= S``: the step log is rewritten
+without them (a temporary file, fsynced, renamed over the log), then their files are
+deleted, so a crash leaves the old trace or the new one and the log never lists a missing
+file; this is the one time the log is not appended to. (A reader that opened the trace
+before then may find a dropped step's file gone or replaced: an error naming it, never the
+wrong tensor.)
 
 Reading files from strangers (:mod:`fpsim.trace.files`): every file is opened without
 blocking and must be a regular file (a FIFO, socket, device or folder is refused, never
@@ -102,10 +112,11 @@ Example:
 
 from __future__ import annotations
 
-from .capture import TorchCapture, capture_jax, jax_operands
+from .capture import TorchCapture
 from .checkpoints import open_checkpoint
 from .errors import TraceError
 from .importers import as_trace, open_trace, sample_trace_path
+from .jax_capture import capture_jax, jax_operands
 from .jsonvalues import json_safe
 from .operand_stats import OperandStats, decode_stats
 from .reader import TensorEntry, Trace

@@ -12,7 +12,9 @@ PyTorch::
 
 ``step()`` copies what it records (from CUDA: non-blocking copies into pinned host memory)
 and a background thread writes it (:mod:`fpsim.trace.capture_async`), so the loop waits only
-for the copies; ``asynchronous=False`` writes in ``step()`` instead. What is recorded:
+for the copies; ``asynchronous=False`` writes in ``step()`` instead. ``cap.flush()`` waits
+until every recorded step is on disk (e.g. before saving a checkpoint). A run resumed from a
+checkpoint at step ``S`` opens the capture with ``resume_from=S``. What is recorded:
 ``when=`` (every N steps, a set/range of steps, or a callable), ``last=K`` with
 ``total_steps=``, ``tensors=`` (name patterns), ``states=`` ("every", "first" or a period)
 and ``operands=`` (True or "stats": each ``nn.Linear``/``nn.Conv`` module's input and the
@@ -26,18 +28,9 @@ unscaled ones and a step the scaler skips is marked ``skipped``::
     scaler.step(opt)
     scaler.update()
 
-JAX (optax's Adam state: ``opt_state[0]`` of ``optax.adamw``, a ``ScaleByAdamState``)::
+JAX loops record with :func:`fpsim.trace.capture_jax` (:mod:`fpsim.trace.jax_capture`).
 
-    grads = jax.grad(loss_fn)(params, batch)
-    adam = opt_state[0]
-    writer = capture_jax("runs/trace", step, grads, params=params, loss=loss,
-                         states={"mu": adam.mu, "nu": adam.nu}, update=int(adam.count) + 1)
-
-JAX has no module hooks: :func:`capture_jax` takes the operands as pytrees (``inputs=``,
-``grad_outputs=``), which :func:`jax_operands` computes for a loss function written with
-output taps (see there).
-
-torch and jax are imported only inside the functions that use them.
+torch is imported only inside the functions that use it.
 """
 
 from __future__ import annotations
@@ -54,11 +47,11 @@ import numpy as np
 
 from .capture_async import AsyncTraceWriter, StepSnapshot, cuda_events, snapshot
 from .convert import is_torch_tensor
-from .operand_stats import stats_vector
+from .errors import add_note, write_failure_note
 from .schedule import CaptureSchedule
-from .writer import TraceWriter, _check_step
+from .writer import TraceWriter, check_next_step, check_resume_from, check_update
 
-__all__ = ["TorchCapture", "capture_jax", "jax_operands"]
+__all__ = ["TorchCapture"]
 
 
 class TorchCapture:
@@ -106,10 +99,32 @@ class TorchCapture:
     Tensors keep their dtype and bits (bfloat16/float8 via ml_dtypes). :meth:`step` copies
     them, so the trace holds their values at the time of the call; with ``asynchronous=True``
     (the default) a background thread writes the copies, at most ``max_pending`` steps
-    waiting (then :meth:`step` blocks), an error of that thread is raised by the next
-    :meth:`step` and by :meth:`close`, and :meth:`close` (or leaving the ``with`` block)
-    waits until every step is on disk. Each step is written atomically: a crash leaves a
-    valid trace of the steps written before it.
+    waiting (then :meth:`step` blocks), and :meth:`close` (or leaving the ``with`` block)
+    waits until every step is on disk. Each step is written atomically (fsynced). A crash
+    (``SIGKILL`` included) leaves a valid trace of the steps written before it: with
+    ``asynchronous=False`` every step whose :meth:`step` returned; with the background writer
+    it can lose the last ``max_pending + 1`` steps whose :meth:`step` returned (the one being
+    written and those queued), none of those recorded before the last :meth:`flush` returned.
+
+    Errors: a step number that does not increase (or, with ``operands``, is not the next
+    one) raises :class:`ValueError` and the capture stays open. A step that cannot be
+    written (a full disk, in :meth:`step` or in the background thread) raises its own
+    exception, once: an :class:`OSError` keeps its class, ``errno``, ``strerror`` and
+    ``filename`` (the step's file), with a note naming the lost steps; the background
+    writer's error is raised by the next :meth:`step`, :meth:`flush` or :meth:`close`. The
+    capture is then closed, its hooks removed and the folder's writer lock released (at the
+    failure): the trace keeps the steps written before, and a new ``TorchCapture`` on the
+    folder (a notebook cell run again) appends after them. :meth:`close` after that does
+    nothing; :meth:`step` raises :class:`RuntimeError` (closed).
+
+    Resumed runs: :meth:`step` refuses, synchronously, a run the trace cannot take: a step
+    the trace holds already (or a later one), a step before ``resume_from``, an update count
+    below the last one recorded (a run restarted with a fresh optimizer counts from 1). The
+    :class:`ValueError` names the steps or counts and what to do; nothing is written and the
+    capture is closed, its lock released, so that a new one can be opened as it says. A run
+    restarted from a checkpoint at step ``S`` (after a preemption the trace usually holds
+    steps ``>= S`` already) passes ``resume_from=S``: the trace's steps ``>= S`` are dropped
+    atomically when the capture opens (:class:`TraceWriter`), and the run records from ``S``.
 
     Args:
         model: the ``torch.nn.Module``.
@@ -138,7 +153,11 @@ class TorchCapture:
         asynchronous: write in a background thread (default) or in :meth:`step`.
         max_pending: snapshots that may wait for the writer thread (default 2; with the one
             being written, at most ``max_pending + 1`` copies of a step are in memory).
-        first_step: the step number of the loop's first :meth:`step` call (with ``operands``).
+        first_step: the step number of the loop's first :meth:`step` call (with ``operands``;
+            default ``resume_from``, else 0).
+        resume_from: the step the run resumes from (its checkpoint's): the trace's steps
+            ``>= resume_from`` are dropped, and steps before it are refused. None (default):
+            the trace keeps every step, and a step not after them is refused, naming them.
     """
 
     def __init__(
@@ -159,7 +178,8 @@ class TorchCapture:
         operands: bool | str = False,
         asynchronous: bool = True,
         max_pending: int = 2,
-        first_step: int = 0,
+        first_step: int | None = None,
+        resume_from: int | None = None,
     ):
         import torch
 
@@ -171,6 +191,9 @@ class TorchCapture:
             raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
         if operands not in (False, True, "stats"):
             raise ValueError(f"operands= must be False, True or 'stats', got {operands!r}")
+        resume_from = check_resume_from(resume_from)
+        if first_step is None:
+            first_step = 0 if resume_from is None else resume_from
         if isinstance(first_step, bool) or not isinstance(first_step, int) or first_step < 0:
             raise ValueError(f"first_step must be a non-negative int, got {first_step!r}")
         self.schedule = CaptureSchedule.resolve(
@@ -204,7 +227,6 @@ class TorchCapture:
         self._next = first_step
         self._hooked_updates = 0
         self._consumed: tuple[Any, int] | None = None  # the gradient the last update used
-        self._hook = None if optimizer is None else optimizer.register_step_post_hook(self._count_update)
         self._countable = optimizer is not None and (_state_count(optimizer) > 0 or not optimizer.state)
         if optimizer is not None and not self._countable:
             warnings.warn(
@@ -212,15 +234,24 @@ class TorchCapture:
                 "records no update counts (replay with first_update=)",
                 stacklevel=2,
             )
-        self.writer = TraceWriter(path, metadata=meta)
-        self._trace_steps = self.writer.steps[-1:]
-        self._async = AsyncTraceWriter(self.writer, max_pending) if asynchronous else None
-        self._operands = None
-        if operands:
-            from .operands import OperandRecorder
+        self.writer = TraceWriter(path, metadata=meta, resume_from=resume_from)
+        self._trace_steps = self.writer.steps  # (then only the last recorded one)
+        self._last_update = self.writer.last_update  # (step, count) recorded or queued last
+        self._closed = False
+        self._failure: tuple[int, BaseException] | None = None  # the failed write, once raised
+        self._hook = self._async = self._operands = None
+        try:  # (a failure from here on leaves no hook behind and releases the folder)
+            self._async = AsyncTraceWriter(self.writer, max_pending) if asynchronous else None
+            if optimizer is not None:
+                self._hook = optimizer.register_step_post_hook(self._count_update)
+            if operands:
+                from .operands import OperandRecorder
 
-            self._operands = OperandRecorder(model, self.schedule.selects, stats=operands == "stats")
-            self._operands.arm(self.schedule.records(first_step))
+                self._operands = OperandRecorder(model, self.schedule.selects, stats=operands == "stats")
+                self._operands.arm(self.schedule.records(first_step))
+        except BaseException:
+            self.close()
+            raise
 
     def _count_update(self, optimizer: Any, args: Any, kwargs: Any) -> None:
         self._hooked_updates += 1
@@ -259,18 +290,22 @@ class TorchCapture:
 
         Raises:
             ValueError: a step number that does not increase (or, with ``operands``, that is
-                not the one the operands were recorded for).
-            RuntimeError: the background writer failed on an earlier step, or this is a child
-                forked from the process that opened the capture (two processes never write one
-                trace: a new capture on another folder records in the child).
+                not the one the operands were recorded for): the capture stays open. A step
+                the trace holds already (without ``resume_from``) or one before
+                ``resume_from``; an update count below the trace's last one (a run restarted
+                with a fresh optimizer): the capture is closed. Nothing is recorded.
+            OSError: writing this step (``asynchronous=False``) or an earlier one (in the
+                background) failed; other exceptions of the writer keep their type too. The
+                capture is closed (see the class docstring).
+            RuntimeError: the capture is closed, or this is a child forked from the process
+                that opened it (two processes never write one trace: a new capture on another
+                folder records in the child).
         """
         self.writer.check_process()
         if isinstance(step, bool) or not isinstance(step, (int, np.integer)):
             raise ValueError(f"step must be an int, got {step!r}")
         step = int(step)
-        if self._async is not None:
-            self._async.raise_error()
-        _check_step(step, self._trace_steps)  # against the trace's steps (as the writer will)
+        self._check_open()
         if self._last_step is not None and step <= self._last_step:
             raise ValueError(f"steps must increase: the last step given was {self._last_step}, got {step}")
         if self._operands is not None and step != self._next:
@@ -278,8 +313,17 @@ class TorchCapture:
                 f"with operands=, step numbers must be consecutive (the operand hooks recorded the "
                 f"forward/backward of step {self._next}), got step {step}"
             )
+        records = self.schedule.records(step)
+        update = None if self.optimizer is None or not records else self._update_count()
+        try:
+            check_next_step(step, self._trace_steps, self.writer.resume_from, self.path)
+            self._check_update(step, update)
+        except ValueError as refused:  # only a new capture can go on: release the folder
+            add_note(refused, f"fpsim: this TorchCapture of {self.path} is closed (its writer lock released)")
+            self.close()
+            raise
         self._last_step, self._next = step, step + 1
-        if not self.schedule.records(step):
+        if not records:
             self._arm_operands()
             return False
         skipped = self._unscale() if self.scaler is not None else False
@@ -296,23 +340,69 @@ class TorchCapture:
                 self._with_states += bool(found)
             if lr is None:
                 lr = self.optimizer.param_groups[0]["lr"]
-        update = None if self.optimizer is None else self._update_count()
         taken, devices = {}, set()
         if self._operands is not None:
             taken, devices = self._operands.collect(), self._operands.devices
         if self._async is not None:
             snap = snapshot(step, tensors, loss, lr, update, skipped, taken=taken, devices=devices)
-            self._async.submit(snap)
+            self._writer_call(self._async.submit, snap)
         else:
             tensors.update(taken)
             if is_torch_tensor(loss):
                 loss = loss.detach().float().cpu().item()
             StepSnapshot(step, tensors, events=cuda_events(devices)).wait()
-            self.writer.write_step(step, tensors, loss=loss, lr=lr, update=update, skipped=skipped)
+            try:
+                self.writer.write_step(step, tensors, loss=loss, lr=lr, update=update, skipped=skipped)
+            except BaseException as e:
+                self._failure = (step, e)
+                self._shutdown()
+                if self.writer.failure is None:  # failed before writing (e.g. a dtype): no note yet
+                    self.writer.close()
+                    add_note(e, write_failure_note(self.path, step, self.writer.steps))
+                raise
         self._recorded += 1
         self._trace_steps = [step]
+        if update is not None:
+            self._last_update = (step, update)
         self._arm_operands()
         return True
+
+    def _check_open(self) -> None:
+        """Raise if the capture is closed, or the background writer's error (once, closing it)."""
+        if self._closed:
+            why = ""
+            if self._failure is not None:
+                why = f" (writing step {self._failure[0]} failed: {type(self._failure[1]).__name__}: "
+                why += f"{self._failure[1]}; open a new TorchCapture on the folder to record again)"
+            raise RuntimeError(f"this TorchCapture of {self.path} is closed{why}")
+        if self._async is not None:
+            self._writer_call(self._async.raise_error)
+
+    def _writer_call(self, call: Callable[..., None], *args: Any) -> None:
+        """``call(*args)``; when it raises the background writer's error, close the capture."""
+        try:
+            call(*args)
+        except BaseException:
+            if self._async is not None and self._async.failure is not None:
+                self._failure = self._async.failure
+                self._shutdown()
+            raise
+
+    def _check_update(self, step: int, update: int | None) -> None:
+        """Refuse an update count below the last one recorded or queued (a fresh optimizer)."""
+        if update is None or self._last_update is None or update >= self._last_update[1]:
+            return
+        if _state_count(self.optimizer) == 0:  # counted by the step hook, since the capture began
+            last_step, last = self._last_update
+            raise ValueError(
+                f"step {step}: update counts must not decrease: the trace {self.path} recorded update "
+                f"{last} at step {last_step}, but {type(self.optimizer).__name__} keeps no update count "
+                f"(none yet: a fresh optimizer has no state), so this capture counts the updates it saw: "
+                f"{update}. A run restarted with a fresh optimizer: restore the optimizer's state from the "
+                f"checkpoint the run resumed from and pass resume_from=<its step>; an optimizer that never "
+                f"keeps a count (SGD) cannot continue a trace's counts: record into a new trace folder"
+            )
+        check_update(update, self._last_update, self.path, step)
 
     def _arm_operands(self) -> None:
         if self._operands is not None:
@@ -333,11 +423,20 @@ class TorchCapture:
         return out
 
     def flush(self) -> None:
-        """Wait until every recorded step is on disk (raises the writer's error, if any; in a
-        forked child, RuntimeError as :meth:`step`)."""
+        """Wait until every step whose :meth:`step` returned is written and fsynced.
+
+        After it returns, a crash (``SIGKILL`` included) loses none of those steps; call it
+        e.g. before saving a checkpoint. Without the background writer there is nothing to
+        wait for; after :meth:`close` it does nothing.
+
+        Raises:
+            OSError: the background writer failed (its own exception, once; see the class
+                docstring); the capture is closed then.
+            RuntimeError: in a forked child, as :meth:`step`.
+        """
         self.writer.check_process()
-        if self._async is not None:
-            self._async.flush()
+        if self._async is not None and not self._closed:
+            self._writer_call(self._async.flush)
 
     def _update_count(self) -> int | None:
         """The number of the optimizer update this step's gradients feed (1-based), or None."""
@@ -362,18 +461,27 @@ class TorchCapture:
         return bool(sum(float(v.item()) for v in found.values()))
 
     def close(self) -> None:
-        """Write every recorded step, drop the hooks; raise the writer's error, if any (in a
-        forked child, RuntimeError as :meth:`step`: the parent closes its capture)."""
+        """Write every recorded step, drop the hooks, release the folder's lock.
+
+        Raises the background writer's error if it was not raised yet (once); a second
+        ``close``, or one after the error was raised, does nothing. In a forked child,
+        RuntimeError as :meth:`step` (the parent closes its capture).
+        """
         self.writer.check_process()
+        self._shutdown()
+        if self._async is not None:
+            self._async.close()
+        else:
+            self.writer.close()
+
+    def _shutdown(self) -> None:
+        """Mark the capture closed and remove its hooks (idempotent)."""
+        self._closed = True
         if self._hook is not None:
             self._hook.remove()
             self._hook = None
         if self._operands is not None:
             self._operands.remove()
-        if self._async is not None:
-            self._async.close()
-        else:
-            self.writer.close()
 
     def __enter__(self) -> TorchCapture:
         return self
@@ -392,114 +500,3 @@ def _state_count(optimizer: Any) -> int:
         if isinstance(state, Mapping) and "step" in state
     ]
     return max(counts, default=0)
-
-
-def capture_jax(
-    writer_or_path: TraceWriter | str | os.PathLike[str],
-    step: int,
-    grads_pytree: Any,
-    params: Any = None,
-    loss: Any = None,
-    lr: Any = None,
-    states: Mapping[str, Any] | None = None,
-    update: int | None = None,
-    skipped: bool = False,
-    *,
-    inputs: Any = None,
-    grad_outputs: Any = None,
-    operand_stats: bool = False,
-) -> TraceWriter:
-    """Record one step of JAX gradients (a pytree) into a trace.
-
-    Tensor names are the pytree paths joined with ``/``: ``{"dense1": {"kernel": g}}`` gives
-    ``"dense1/kernel"``, list/tuple positions give their index, dataclass/namedtuple fields
-    their attribute name; a bare array is named ``"value"``. Leaves are converted with
-    :func:`numpy.asarray`, so bfloat16 stays bfloat16 (ml_dtypes). Writing is synchronous.
-
-    Args:
-        writer_or_path: a :class:`TraceWriter`, or a trace folder to open one on (appending).
-            Pass the returned writer back in on later steps to avoid re-opening the folder.
-        step: the step number (greater than every step already recorded).
-        grads_pytree: the gradients (role ``"grad"``).
-        params: optional parameter pytree of the same structure (role ``"param"``).
-        loss: the step's loss (a number or 0-d array), or None.
-        lr: the learning rate, or None.
-        states: optional optimizer state, state name -> pytree, e.g.
-            ``{"mu": adam_state.mu, "nu": adam_state.nu}`` (roles ``"state.mu"``, ``"state.nu"``;
-            the replay reads optax's ``mu``/``nu`` as Adam's ``exp_avg``/``exp_avg_sq``).
-        update: the optimizer update this step feeds, 1-based: ``int(adam_state.count) + 1``
-            with optax's state from before the update (None: not recorded).
-        skipped: the run did not apply this update (e.g. optax's ``apply_if_finite``).
-        inputs: optional pytree of GEMM inputs (role ``"input"``), e.g. from :func:`jax_operands`.
-        grad_outputs: optional pytree of the gradients of GEMM outputs (role ``"grad_output"``).
-        operand_stats: store ``inputs`` / ``grad_outputs`` as statistics vectors (roles
-            ``"stats.input"`` / ``"stats.grad_output"``, :mod:`fpsim.trace.operand_stats`).
-
-    Returns:
-        The writer used.
-    """
-    writer = writer_or_path if isinstance(writer_or_path, TraceWriter) else TraceWriter(writer_or_path)
-    tensors = {"grad": _flatten_pytree(grads_pytree)}
-    if params is not None:
-        tensors["param"] = _flatten_pytree(params)
-    for key, tree in (states or {}).items():
-        tensors[f"state.{key}"] = _flatten_pytree(tree)
-    for role, tree in (("input", inputs), ("grad_output", grad_outputs)):
-        if tree is not None:
-            named = _flatten_pytree(tree)
-            if operand_stats:
-                role, named = f"stats.{role}", {n: stats_vector(a) for n, a in named.items()}
-            tensors[role] = named
-    writer.write_step(step, tensors, loss=loss, lr=lr, update=update, skipped=skipped)
-    return writer
-
-
-def jax_operands(loss_fn: Callable[..., Any], params: Any, taps: Any, *args: Any) -> tuple[Any, ...]:
-    """Loss, gradients and GEMM operands of a JAX loss written with output taps.
-
-    JAX has no module hooks, so the model exposes its operands itself: ``loss_fn(params,
-    taps, *args)`` adds ``taps[name]`` (zeros shaped like the output) to the output of each
-    matmul it wants recorded and returns ``(loss, inputs)`` with ``inputs[name]`` the matmul's
-    input. The gradient with respect to a tap is the gradient of that matmul's output, the
-    ``grad_output`` of the backward pass::
-
-        def loss_fn(params, taps, x, y):
-            h = x @ params["w1"] + taps["fc1"]
-            out = jax.nn.relu(h) @ params["w2"] + taps["fc2"]
-            return jnp.mean((out - y) ** 2), {"fc1": x, "fc2": jax.nn.relu(h)}
-
-        taps = {"fc1": jnp.zeros((batch, hidden)), "fc2": jnp.zeros((batch, classes))}
-        loss, grads, inputs, grad_outputs = jax_operands(loss_fn, params, taps, x, y)
-        capture_jax(writer, step, grads, loss=loss, inputs=inputs, grad_outputs=grad_outputs)
-
-    Adding a zero tap changes no value (except that a ``-0.0`` output becomes ``+0.0``).
-
-    Returns:
-        ``(loss, grads, inputs, grad_outputs)``: the gradients with respect to ``params`` and
-        to ``taps``.
-    """
-    import jax
-
-    (loss, inputs), (grads, grad_outputs) = jax.value_and_grad(loss_fn, argnums=(0, 1), has_aux=True)(
-        params, taps, *args
-    )
-    return loss, grads, inputs, grad_outputs
-
-
-def _flatten_pytree(tree: Any) -> dict[str, np.ndarray]:
-    import jax
-
-    out: dict[str, np.ndarray] = {}
-    for path, leaf in jax.tree_util.tree_flatten_with_path(tree)[0]:
-        name = "/".join(_path_part(k) for k in path) or "value"
-        if name in out:
-            raise ValueError(f"two pytree leaves are both named {name!r}")
-        out[name] = np.asarray(leaf)
-    return out
-
-
-def _path_part(key: Any) -> str:
-    for attr in ("key", "name", "idx"):  # DictKey / FlattenedIndexKey, GetAttrKey, SequenceKey
-        if hasattr(key, attr):
-            return str(getattr(key, attr))
-    return str(key).strip(".[]'\"")

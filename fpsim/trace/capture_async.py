@@ -11,13 +11,21 @@ zeroes gradients in place).
 :class:`AsyncTraceWriter` hands the snapshots to one writer thread through a queue of at
 most ``max_pending`` snapshots: :meth:`~AsyncTraceWriter.submit` blocks while the queue is
 full, so the memory in flight is bounded. The thread waits for the snapshot's copies, then
-calls :meth:`fpsim.trace.TraceWriter.write_step` (atomic per step), so a crash or a
-``SIGKILL`` leaves a valid trace of the steps written so far. An error in the thread is
-raised by the next :meth:`~AsyncTraceWriter.submit` and by :meth:`~AsyncTraceWriter.close`
-(steps submitted after the failure are not written); ``close`` waits for every step. A
-writer that is never closed is drained when the interpreter exits. The thread exists in the
-process that made the writer only: in a child forked from it, every method but
-:meth:`~AsyncTraceWriter.raise_error` raises RuntimeError
+calls :meth:`fpsim.trace.TraceWriter.write_step` (atomic per step, fsynced), so a crash or a
+``SIGKILL`` leaves a valid trace of the steps written so far; the steps it loses are those
+submitted and not yet written: the one the thread is writing and those in the queue, at
+most ``max_pending + 1``. :meth:`~AsyncTraceWriter.flush` waits until the queue is written.
+
+When a step fails, the thread closes the trace writer at once (releasing the folder's lock;
+the trace keeps the steps written before) and drops the steps submitted after it. The
+error is raised once, by the next :meth:`~AsyncTraceWriter.submit`,
+:meth:`~AsyncTraceWriter.flush` or :meth:`~AsyncTraceWriter.close`: the thread's own
+exception (an :class:`OSError` stays an ``OSError`` with its ``errno``), with a note naming
+the lost steps (:func:`fpsim.trace.errors.write_failure_note`); the writer is then closed.
+``close`` waits for every step; a second ``close`` does nothing. A writer that is never
+closed is drained when the interpreter exits.
+The thread exists in the process that made the writer only: in a child forked from it,
+every method but :meth:`~AsyncTraceWriter.raise_error` raises RuntimeError
 (:meth:`fpsim.trace.TraceWriter.check_process`) instead of waiting forever for it.
 """
 
@@ -33,6 +41,7 @@ from typing import Any
 import numpy as np
 
 from .convert import is_torch_tensor
+from .errors import add_note, steps_text, write_failure_note
 from .writer import TraceWriter
 
 __all__ = ["AsyncTraceWriter", "StepSnapshot", "cuda_events", "snapshot", "snapshot_tensor"]
@@ -160,6 +169,7 @@ class AsyncTraceWriter:
         )
         self._thread.start()
         self._closed = False
+        self._reported = False  # the thread's error was raised (it is raised once)
         self._finalizer = weakref.finalize(self, _stop, self._queue, self._thread)
 
     @property
@@ -169,37 +179,55 @@ class AsyncTraceWriter:
         with self._state.lock:
             return list(self._state.written)
 
+    @property
+    def failure(self) -> tuple[int, BaseException] | None:
+        """(step, exception) of the write that failed in the thread, or None."""
+        return self._state.error
+
     def submit(self, snap: StepSnapshot) -> None:
         """Queue one step (blocking while ``max_pending`` are waiting).
 
         Raises:
-            RuntimeError: the writer thread failed on an earlier step (its error chained), the
-                writer is closed, or this is a child forked from the process that made it.
+            Exception: the writer thread's error on an earlier step, once (see the module
+                docstring); the writer is closed then.
+            RuntimeError: the writer is closed, or this is a child forked from the
+                process that made it.
         """
         if self._closed:
-            raise RuntimeError(f"the trace writer of {self.writer.path} is closed")
+            error = self._state.error
+            why = f" (writing step {error[0]} failed: {type(error[1]).__name__}: {error[1]})" if error else ""
+            raise RuntimeError(f"the trace writer of {self.writer.path} is closed{why}")
         self.writer.check_process()
         self.raise_error()
         self._queue.put(snap)
 
     def flush(self) -> None:
-        """Wait until every submitted step is written; raise the thread's error if any."""
+        """Wait until every submitted step is written (fsynced); raise the thread's error if any."""
         self.writer.check_process()
-        self._queue.join()
+        if not self._closed:
+            self._queue.join()
         self.raise_error()
 
     def raise_error(self) -> None:
-        """Raise the writer thread's error, if it failed (RuntimeError chaining it)."""
+        """Raise the writer thread's error if it failed and it was not raised yet, closing the writer."""
         error = self._state.error
-        if error is not None:
-            step, exc = error
-            raise RuntimeError(
-                f"writing step {step} to the trace {self.writer.path} failed: {type(exc).__name__}: {exc} "
-                f"(this step and the ones after it are not in the trace)"
-            ) from exc
+        if error is None or self._reported:
+            return
+        self._reported = True
+        self.close()  # the thread drops what is queued; the trace writer is closed already
+        step, exc = error
+        dropped = self._state.dropped
+        if self.writer.failure is None:  # failed before writing (e.g. a dtype): no note from the writer
+            add_note(exc, write_failure_note(self.writer.path, step, self.writer.steps, dropped))
+        elif dropped:
+            add_note(
+                exc, f"fpsim: steps {steps_text(dropped)}, given after step {step}, were not written either"
+            )
+        raise exc
 
     def close(self) -> None:
-        """Write every queued step, stop the thread, close the trace writer; raise its error."""
+        """Write every queued step, stop the thread, close the trace writer; raise the thread's
+        error if it failed and it was not raised yet (a second ``close`` does nothing)."""
         if not self._closed:
             self.writer.check_process()
             self._closed = True
@@ -213,6 +241,7 @@ class _State:
         self.lock = threading.Lock()
         self.written: list[int] = []
         self.error: tuple[int, BaseException] | None = None
+        self.dropped: list[int] = []  # steps submitted after the failed one
 
 
 def _drain(q: queue.Queue, writer: TraceWriter, state: _State) -> None:
@@ -221,22 +250,25 @@ def _drain(q: queue.Queue, writer: TraceWriter, state: _State) -> None:
         try:
             if snap is None:
                 return
-            if state.error is None:
-                try:
-                    snap.wait()
-                    writer.write_step(
-                        snap.step,
-                        snap.tensors,
-                        loss=snap.loss,
-                        lr=snap.lr,
-                        update=snap.update,
-                        skipped=snap.skipped,
-                    )
-                except BaseException as e:  # surfaced by the training thread
-                    state.error = (snap.step, e)
-                else:
-                    with state.lock:
-                        state.written.append(snap.step)
+            if state.error is not None:
+                state.dropped.append(snap.step)
+                continue
+            try:
+                snap.wait()
+                writer.write_step(
+                    snap.step,
+                    snap.tensors,
+                    loss=snap.loss,
+                    lr=snap.lr,
+                    update=snap.update,
+                    skipped=snap.skipped,
+                )
+            except BaseException as e:  # surfaced by the training thread
+                state.error = (snap.step, e)
+                writer.close()  # release the folder's lock now: a new writer may go on
+            else:
+                with state.lock:
+                    state.written.append(snap.step)
         finally:
             q.task_done()
 

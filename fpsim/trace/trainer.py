@@ -18,6 +18,12 @@ and ``zero_grad()``, so the gradients are still there): the recorded step number
 (waiting for the writer). A Trainer without ``on_pre_optimizer_step`` (transformers before
 4.41) zeroes the gradients before ``on_step_end``: the callback then raises an error instead
 of recording steps without gradients.
+
+A run resumed from a checkpoint (``trainer.train(resume_from_checkpoint=...)``) starts at the
+checkpoint's step. If the trace holds steps from there on already (the run was preempted
+after the checkpoint), the capture refuses them, unless the callback is made with
+``resume=True``: then the trace's steps from the Trainer's first step on are dropped
+(``TorchCapture(resume_from=...)``) and recorded again.
 """
 
 from __future__ import annotations
@@ -35,16 +41,23 @@ class TraceCallback:
 
     Args:
         path: the trace folder.
+        resume: drop the trace's steps from the Trainer's first step (``state.global_step`` at
+            ``on_train_begin``: a resumed run's checkpoint step) on, and record from there.
         **options: TorchCapture's options (``when``, ``last``, ``tensors``, ``states``,
             ``operands``, ``params``, ``asynchronous``, ``max_pending``, ``metadata``);
             ``optimizer`` is the Trainer's, given to the events.
     """
 
-    def __init__(self, path: str | os.PathLike[str], **options: Any):
-        for key in ("model", "optimizer", "total_steps", "first_step", "every"):
+    def __init__(self, path: str | os.PathLike[str], *, resume: bool = False, **options: Any):
+        for key in ("model", "optimizer", "total_steps", "first_step", "every", "resume_from"):
             if key in options:
-                raise ValueError(f"TraceCallback sets {key} itself (from the Trainer); do not pass {key}=")
-        self.path, self.options = path, options
+                hint = " (resume=True resumes from the Trainer's step)" if key == "resume_from" else ""
+                raise ValueError(
+                    f"TraceCallback sets {key} itself (from the Trainer); do not pass {key}={hint}"
+                )
+        if not isinstance(resume, bool):
+            raise ValueError(f"resume must be True or False, got {resume!r}")
+        self.path, self.options, self.resume = path, options, resume
         self.capture: TorchCapture | None = None
         self._pre_optimizer_seen = False
 
@@ -60,6 +73,7 @@ class TraceCallback:
             optimizer=optimizer,
             total_steps=state.max_steps if self.options.get("last") is not None else None,
             first_step=state.global_step,
+            resume_from=state.global_step if self.resume else None,
             metadata=meta,
             **self.options,
         )

@@ -8,11 +8,19 @@ step's safetensors file under a fresh temporary name in the trace folder (``mkst
 renames it into place with :func:`os.replace`, then appends the step's line to the step log
 ``steps.jsonl`` in one ``write`` and fsyncs it (the format is in :mod:`fpsim.trace`). The
 manifest is written only when the writer opens the folder (with new metadata, or to
-convert a version 1 trace). A crash at any point leaves exactly the completed steps
+convert a version 1 trace). A crash at any point leaves exactly the completed steps (those
+whose :meth:`~TraceWriter.write_step` returned, and at most the one being written)
 readable: a step file whose line was not (fully) appended is an unlisted file, and a torn
 last line is an incomplete step; readers ignore both with a warning, and the next
 :class:`TraceWriter` opened on the folder deletes them. A failed write (a full disk) raises
-:class:`OSError` naming the file and cuts a partial line off the log.
+its :class:`OSError` naming the file, cuts a partial line off the log and closes the writer,
+releasing the lock, so that a new writer can append after the completed steps.
+
+A run resumed from a checkpoint at step ``S`` opens the folder with ``resume_from=S``: the
+steps ``>= S`` are dropped by rewriting the log without them (a temporary file, fsynced and
+renamed over the log) and only then deleting their files, so a crash at any point leaves
+the old trace or the new one, and the log never lists a file that is gone. Without
+``resume_from``, a step not after every step of the trace is refused naming them.
 """
 
 from __future__ import annotations
@@ -31,7 +39,7 @@ from typing import Any
 import numpy as np
 
 from .convert import to_numpy
-from .errors import TraceError
+from .errors import TraceError, add_note, steps_text, write_failure_note
 from .files import read_small
 from .jsonvalues import json_float
 from .lock import LOCK_FILE, WriterLock
@@ -48,7 +56,7 @@ from .reader import (
 )
 from .safetensors_io import dtype_code, write_safetensors
 
-__all__ = ["TraceWriter"]
+__all__ = ["TraceWriter", "check_next_step", "check_resume_from", "check_update"]
 
 _TMP_SUFFIX = ".tmp"
 
@@ -62,25 +70,38 @@ class TraceWriter:
     the recorded metadata (new values win). A version 1 trace is converted to version 2 (its
     steps moved to the step log). A new or empty folder gets a manifest with no steps at
     once. Only one writer may work on a folder at a time: the writer holds the folder's
-    lock until :meth:`close` (or the end of a ``with`` block, or the process).
+    lock until :meth:`close` (or the end of a ``with`` block, a failed write, or the process).
 
     Args:
         path: the trace folder (created if missing).
         metadata: free-form JSON-serializable metadata (model, data, seed, versions, ...).
+        resume_from: the step a resumed run records from (the step of the checkpoint it
+            restarted from): the trace's steps ``>= resume_from`` are dropped atomically (see
+            the module docstring) and later steps must be ``>= resume_from``. None (the
+            default) keeps every step, and a step not after them all is refused.
 
     Raises:
         TraceError: another writer holds the folder (naming its pid), or the folder is not
             a trace and not empty, or the trace in it is corrupt.
+        ValueError: ``resume_from`` is not a non-negative int.
 
     Example:
         >>> with TraceWriter("run1", metadata={"model": "mlp"}) as w:  # doctest: +SKIP
         ...     w.write_step(0, {"grad": {"fc.weight": g}}, loss=2.3, lr=1e-3)
     """
 
-    def __init__(self, path: str | os.PathLike[str], metadata: Mapping[str, Any] | None = None):
+    def __init__(
+        self,
+        path: str | os.PathLike[str],
+        metadata: Mapping[str, Any] | None = None,
+        *,
+        resume_from: int | None = None,
+    ):
         self.path = Path(path)
         if metadata is not None and not isinstance(metadata, Mapping):
             raise TypeError(f"metadata must be a mapping, got {type(metadata).__name__}")
+        self.resume_from = check_resume_from(resume_from)
+        self._failure: str | None = None
         if self.path.exists() and not self.path.is_dir():
             raise TraceError(f"{self.path}: a trace is a folder, but this is a file")
         try:
@@ -91,13 +112,13 @@ class TraceWriter:
         self._pid = os.getpid()
         self._lock = WriterLock(self.path)
         try:
-            self._open(metadata)
+            self._open(metadata, self.resume_from)
         except BaseException:
             self._lock.release()
             raise
         self._closed = False
 
-    def _open(self, metadata: Mapping[str, Any] | None) -> None:
+    def _open(self, metadata: Mapping[str, Any] | None, resume_from: int | None) -> None:
         if (self.path / MANIFEST).exists() or (self.path / MANIFEST).is_symlink():
             with warnings.catch_warnings():  # leftovers are deleted below, not reported
                 warnings.simplefilter("ignore", RuntimeWarning)
@@ -125,11 +146,18 @@ class TraceWriter:
             json.dumps(self._metadata, allow_nan=False)
         except (TypeError, ValueError) as e:
             raise TypeError(f"metadata must be JSON-serializable (without NaN/Infinity): {e}") from e
-        if version < 2:  # new, or version 1: the log first, then the manifest that points at it
+        dropped = []
+        if resume_from is not None:
+            dropped = [item for item in self._steps if item["step"] >= resume_from]
+            self._steps = [item for item in self._steps if item["step"] < resume_from]
+        if version < 2 or dropped:  # (new, or version 1: the log first, then the manifest pointing at it)
             text = "".join(_log_line(item) for item in self._steps)
             self._atomic(self.path / STEP_LOG, lambda fd: _write_text(fd, text))
         if version < 2 or self._metadata != old:
             self._write_manifest()
+        self._remove_files([item["file"] for item in dropped])  # no longer listed: now they may go
+        counted = (item for item in reversed(self._steps) if item.get("update") is not None)
+        self._last_update = next(((item["step"], item["update"]) for item in counted), None)
         log = self.path / STEP_LOG
         fd = os.open(
             log, os.O_WRONLY | os.O_APPEND | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
@@ -144,6 +172,21 @@ class TraceWriter:
         """The steps written so far (including those found when the folder was opened)."""
         return [item["step"] for item in self._steps]
 
+    @property
+    def last_update(self) -> tuple[int, int] | None:
+        """(step, update count) of the last step that has an update count, or None."""
+        return self._last_update
+
+    @property
+    def failure(self) -> str | None:
+        """Why a failed write closed the writer (``"writing step 4 failed: OSError: ..."``), or None."""
+        return self._failure
+
+    @property
+    def closed(self) -> bool:
+        """Whether the writer is closed (by :meth:`close`, or by a failed write)."""
+        return self._closed
+
     def write_step(
         self,
         step: int,
@@ -156,7 +199,8 @@ class TraceWriter:
         """Record one step atomically and return its file.
 
         Args:
-            step: a non-negative integer greater than every step already in the trace.
+            step: a non-negative integer greater than every step already in the trace (and
+                not below ``resume_from``).
             tensors: role -> name -> array, e.g. ``{"grad": {"fc.weight": g}, "param": {...},
                 "state.exp_avg": {...}}``. Roles are ``"grad"``, ``"param"`` and
                 ``"state.<name>"``; arrays may be numpy (ml_dtypes included), torch or JAX,
@@ -169,14 +213,20 @@ class TraceWriter:
             skipped: the run did not apply this update (a loss scaler found inf/NaN).
 
         Raises:
-            ValueError: bad step number, role, name, update count or skipped flag.
+            ValueError: bad step number, role, name, update count or skipped flag (the
+                writer stays open: nothing was written).
             TypeError: an array of a dtype safetensors cannot hold (e.g. complex).
+            OSError: writing failed (e.g. a full disk), naming the file: the step is not in
+                the trace, and the writer is closed (its lock released), as after any error
+                raised while the step was being written; a note on the error says so
+                (:func:`~fpsim.trace.errors.write_failure_note`).
         """
         if self._closed:
-            raise ValueError(f"TraceWriter for {self.path} is closed")
+            why = f" ({self._failure})" if self._failure else ""
+            raise ValueError(f"TraceWriter for {self.path} is closed{why}")
         self.check_process()
-        step = _check_step(step, self.steps)
-        update = _check_update(update, self._steps)
+        step = check_next_step(step, self.steps, self.resume_from, self.path)
+        update = check_update(update, self.last_update, self.path, step)
         if not isinstance(skipped, bool):
             raise ValueError(f"skipped must be True or False, got {skipped!r}")
         if not isinstance(tensors, Mapping):
@@ -206,16 +256,24 @@ class TraceWriter:
         counts = (("update", update), ("skipped", skipped or None))
         meta.update({k: json.dumps(v) for k, v in (("loss", loss_v), ("lr", lr_v), *counts) if v is not None})
         final = self.path / fname
-        self._atomic(final, lambda fd: write_safetensors(fd, arrays, meta, fsync=True))
         item = {"step": step, "file": fname, "loss": loss_v, "lr": lr_v}
         item.update({k: v for k, v in counts if v is not None})
         item["tensors"] = listing
-        self._append_log(item)
+        try:
+            self._atomic(final, lambda fd: write_safetensors(fd, arrays, meta, fsync=True))
+            self._append_log(item)
+        except BaseException as e:  # the trace keeps its completed steps; a new writer goes on
+            self._failure = f"writing step {step} failed: {type(e).__name__}: {e}"
+            self.close()
+            add_note(e, write_failure_note(self.path, step, self.steps))
+            raise
         self._steps.append(item)
+        if update is not None:
+            self._last_update = (step, update)
         return final
 
     def close(self) -> None:
-        """Close the writer and release the folder's lock (every step is already on disk).
+        """Close the writer and release the folder's lock (every step is already on disk); idempotent.
 
         Raises:
             RuntimeError: in a child forked from the process that opened the writer (see
@@ -269,6 +327,13 @@ class TraceWriter:
             if (stray_tmp or orphan) and not stat.S_ISDIR(p.lstat().st_mode):
                 p.unlink()
 
+    def _remove_files(self, names: list[str]) -> None:
+        """Delete step files (links themselves, never their targets) and fsync the folder."""
+        for name in names:
+            (self.path / name).unlink(missing_ok=True)
+        if names:
+            _fsync_dir(self.path)
+
     def _cut_torn_tail(self) -> None:
         """Cut an incomplete last line (an interrupted append) off the step log."""
         log = self.path / STEP_LOG
@@ -291,11 +356,13 @@ class TraceWriter:
             while done < len(line):
                 done += os.write(self._log_fd, line[done:])
             os.fsync(self._log_fd)
-        except OSError as e:
+        except BaseException as e:  # (an interrupt between two writes too: no torn line stays)
             try:
                 os.ftruncate(self._log_fd, self._log_size)
             except OSError:
                 pass
+            if not isinstance(e, OSError):
+                raise
             raise OSError(
                 e.errno, f"{e.strerror} (appending step {item['step']} to the step log)", str(log)
             ) from e
@@ -345,26 +412,64 @@ def _manifest_text(metadata: Mapping[str, Any]) -> str:
     return f'{{\n "fpsim_trace": {TRACE_VERSION},\n "metadata": {meta}\n}}\n'
 
 
-def _check_step(step: Any, existing: list[int]) -> int:
+def check_resume_from(resume_from: Any) -> int | None:
+    """``resume_from`` as an int (a step, >= 0) or None.
+
+    Raises:
+        ValueError: anything else.
+    """
+    if resume_from is None:
+        return None
+    if isinstance(resume_from, bool) or not isinstance(resume_from, (int, np.integer)) or resume_from < 0:
+        raise ValueError(f"resume_from must be a non-negative int (a step) or None, got {resume_from!r}")
+    return int(resume_from)
+
+
+def check_next_step(step: Any, steps: list[int], resume_from: int | None, path: Path) -> int:
+    """``step`` as an int, if it may be recorded next into the trace at ``path`` holding ``steps``.
+
+    Raises:
+        ValueError: not a non-negative integer; below ``resume_from``; or not after every
+            step of the trace (naming them, and saying how a resumed run goes on).
+    """
     if isinstance(step, bool) or not isinstance(step, (int, np.integer)) or step < 0:
         raise ValueError(f"step must be a non-negative integer, got {step!r}")
     step = int(step)
-    if step in existing:
-        raise ValueError(f"step {step} is already in the trace")
-    if existing and step < max(existing):
-        raise ValueError(f"steps must increase: the last step in the trace is {max(existing)}, got {step}")
+    if resume_from is not None and step < resume_from:
+        raise ValueError(
+            f"step {step} comes before resume_from={resume_from}: the trace {path} was opened to record "
+            f"from step {resume_from} on"
+        )
+    if steps and step <= max(steps):
+        later = [s for s in steps if s >= step]
+        raise ValueError(
+            f"step {step}: the trace {path} already holds steps {steps_text(later)}, and steps must "
+            f"increase. If the run resumed from a checkpoint at step {step}, open the trace with "
+            f"resume_from={step} (TorchCapture, TraceWriter, capture_jax; TraceCallback(resume=True)) to "
+            f"drop its steps from {step} on and record from there; else record into a new trace folder"
+        )
     return step
 
 
-def _check_update(update: Any, written: list[dict[str, Any]]) -> int | None:
-    """``update`` as an int >= 1 (or None), not below the last recorded step's count."""
+def check_update(update: Any, last: tuple[int, int] | None, path: Path, step: int) -> int | None:
+    """``update``, step ``step``'s count, as an int >= 1 (or None), not below ``last``, the
+    (step, count) recorded last.
+
+    Raises:
+        ValueError: not an integer >= 1, or a count below the last recorded one (saying what
+            a restarted run does about it).
+    """
     if update is None:
         return None
     if isinstance(update, bool) or not isinstance(update, (int, np.integer)) or update < 1:
         raise ValueError(f"update must be an integer >= 1 (an update count) or None, got {update!r}")
-    last = next((item["update"] for item in reversed(written) if item.get("update") is not None), None)
-    if last is not None and update < last:
-        raise ValueError(f"update counts must not decrease: the last recorded one is {last}, got {update}")
+    if last is not None and update < last[1]:
+        raise ValueError(
+            f"step {step}: update counts must not decrease: the trace {path} recorded update {last[1]} at "
+            f"step {last[0]}, got {update}. A run restarted with a fresh optimizer counts from 1 again: "
+            f"restore the optimizer's state from the checkpoint the run resumed from and open the trace with "
+            f"resume_from=<its step>, or record into a new trace folder"
+        )
     return int(update)
 
 

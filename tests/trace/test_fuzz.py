@@ -13,7 +13,6 @@ import os
 import pickle
 import signal
 import struct
-import subprocess
 import sys
 import time
 import traceback
@@ -541,22 +540,6 @@ def test_sigkill_during_capture_leaves_exactly_the_completed_steps(tmp_path):
 
 
 # --- disk full ---------------------------------------------------------------------------------
-
-
-@pytest.fixture
-def small_disk(tmp_path):
-    """A 1 MiB tmpfs (needs root and permission to mount)."""
-    mnt = tmp_path / "small"
-    mnt.mkdir()
-    proc = subprocess.run(
-        ["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(mnt)], capture_output=True, text=True
-    )
-    if proc.returncode != 0:
-        pytest.skip(f"cannot mount a 1 MiB tmpfs here: {proc.stderr.strip() or proc.returncode}")
-    try:
-        yield mnt
-    finally:
-        subprocess.run(["umount", str(mnt)], check=False)
 
 
 def test_disk_full_during_capture_names_the_file_and_keeps_completed_steps(small_disk):

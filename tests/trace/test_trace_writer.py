@@ -93,9 +93,9 @@ def test_append_after_reopening(tmp_path):
         w.write_step(1, {"grad": {"w": np.ones(3, np.float32)}})
     with TraceWriter(path, metadata={"b": 2}) as w:
         assert w.steps == [1]
-        with pytest.raises(ValueError, match="step 1 is already in the trace"):
+        with pytest.raises(ValueError, match="step 1: the trace .* already holds steps 1, and steps must"):
             w.write_step(1, {"grad": {"w": np.ones(3, np.float32)}})
-        with pytest.raises(ValueError, match="steps must increase: the last step in the trace is 1, got 0"):
+        with pytest.raises(ValueError, match="step 0: the trace .* already holds steps 1, and steps must"):
             w.write_step(0, {})
         w.write_step(2, {"grad": {"w": np.full(3, 2, np.float32)}})
     t = open_trace(path)

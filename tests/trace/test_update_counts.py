@@ -40,7 +40,9 @@ def test_writer_refuses_bad_update(tmp_path, bad):
 def test_writer_refuses_decreasing_update_and_bad_skipped(tmp_path):
     with TraceWriter(tmp_path / "t") as w:
         w.write_step(0, G, update=5)
-        with pytest.raises(ValueError, match="must not decrease: the last recorded one is 5, got 4"):
+        with pytest.raises(
+            ValueError, match="step 1: .* must not decrease: .* recorded update 5 at step 0, got 4"
+        ):
             w.write_step(1, G, update=4)
         with pytest.raises(ValueError, match="skipped must be True or False"):
             w.write_step(1, G, update=6, skipped=1)
