@@ -13,8 +13,9 @@ import math
 
 import numpy as np
 import pytest
-from oracles import nan_patterns
+from oracles import nan_patterns, with_nans
 
+from fpsim.formats import RECIPES, Codebook, ScaleRule
 from fpsim.formats.amax import amax_ignore_nan, amax_propagate_nan
 
 _UINT = {np.dtype(np.float32): np.uint32, np.dtype(np.float64): np.uint64}
@@ -148,3 +149,99 @@ def test_other_dtypes_are_refused(bad):
         amax_ignore_nan(bad)
     with pytest.raises(TypeError, match="float32 or float64"):
         amax_propagate_nan(bad)
+
+
+# --- the numpy tier's amaxes, on data with every kind of NaN --------------------------------
+
+
+def _nan_data() -> tuple[np.ndarray, np.ndarray]:
+    """(15, 253) float32 over many binades with the NaN patterns in rows 0-2 and a signaling
+    NaN after a huge value in the last row, in the tail that numpy's SIMD loops leave to
+    scalar code (where its fmax returned NaN, or a smaller maximum, in issue 27); and the
+    same data with each NaN replaced by 0."""
+    rng = np.random.default_rng(3)
+    x = (rng.standard_normal((15, 253)) * np.exp(rng.uniform(-10, 10, (15, 1)))).astype(np.float32)
+    x[1, 40] = x[14, 200] = 3.0e38
+    x.view(np.uint32)[14, 251] = 0x7F97C976
+    xn = with_nans(x, start=3, spacing=37, rounds=2)
+    nan = (xn.view(np.uint32) & np.uint32(0x7FFFFFFF)) > np.uint32(0x7F800000)
+    return xn, np.where(nan, np.float32(0), xn)
+
+
+def _recipes() -> dict:
+    """The block recipes, and small blocks and tiles of each rule (reductions short enough for
+    numpy's scalar code)."""
+    import dataclasses
+
+    out = dict(RECIPES)
+    for name, base, block in (
+        ("te_1x24", "e4m3_block128", (24,)),
+        ("te_tile4x8", "e4m3_tile128", (4, 8)),
+        ("nvfp4_tile2x8", "nvfp4", (2, 8)),
+        ("bnb_block40", "bnb_dynamic8_block256", (40,)),
+        ("int8_block24", "int8_block256", (24,)),
+        ("mx_block8", "mxfp8_e4m3", (8,)),
+    ):
+        out[name] = dataclasses.replace(RECIPES[base], name=name, block=block)
+    return out
+
+
+def test_tensor_amaxes_skip_every_nan():
+    from fpsim.analysis.metrics import tensor_amax
+    from fpsim.emulate.delayed import DelayedScaling
+    from fpsim.trace.operand_stats import stats_vector
+
+    xn, _ = _nan_data()
+    want = _oracle(xn.reshape(-1).tolist(), False)
+    assert want == float(np.float32(3.0e38))
+    assert tensor_amax(xn.reshape(-1)) == want
+    with np.errstate(invalid="ignore"):  # (casting a signaling NaN raises the invalid flag)
+        x64 = xn.reshape(-1).astype(np.float64)
+    assert tensor_amax(x64) == want  # the float32 values of float64 data
+    assert stats_vector(xn)[4] == want
+    ds = DelayedScaling("float8_e4m3fn", history_len=4)
+    _, state = ds.step(ds.init(), xn)
+    assert state.history[-1] == want and state.scale == float(np.float32(448) / np.float32(want))
+
+
+def test_qmap_scales_propagate_nan_as_the_canonical_nan():
+    from fpsim.replay.qmap import QMAP_RECIPES, encode_qmap
+
+    xn, _ = _nan_data()
+    enc = encode_qmap(xn, QMAP_RECIPES["torchao_dynamic8_block256"])  # one block per row
+    blocks = np.pad(xn.reshape(-1), (0, -xn.size % 256)).reshape(-1, 256)  # (the ragged last: zeros)
+    amaxes = [_oracle(b.tolist(), True) for b in blocks]
+    want = [a if math.isnan(a) else max(a, float(np.float32(1e-12))) for a in amaxes]
+    _assert_bits(enc.scales.view(np.float32), want, np.float32)
+    assert sum(map(math.isnan, want)) == 4
+
+
+@pytest.mark.parametrize("name", sorted(_recipes()))
+def test_block_recipes_skip_or_propagate_every_nan(name):
+    """Rules that skip NaN (TE, NVFP4, codebooks: fmaxf) give the scales of the data with each
+    NaN replaced by 0; rules that propagate it (MX, absmax: torch.amax) give those scales or,
+    in the blocks holding a NaN, the canonical NaN scale code: on both backends."""
+    from fpsim.emulate.blocks import encode_blocks
+
+    bf = _recipes()[name]
+    xn, clean = _nan_data()
+    nan = xn != xn
+    ignore = bf.rule in (ScaleRule.TE, ScaleRule.NVFP4) or isinstance(bf.element, Codebook)
+    nan_code = 0xFF if bf.rule.is_mx else 0x7FC00000
+    for backend in ("numpy", "compiled") if _has_numba() else ("numpy",):
+        got, want = encode_blocks(xn, bf, backend=backend), encode_blocks(clean, bf, backend=backend)
+        assert got.tensor_scale == want.tensor_scale, backend
+        same = got.scales == want.scales
+        if ignore:
+            assert same.all(), (backend, np.flatnonzero(~same)[:8])
+            assert np.array_equal(got.codes[~nan], want.codes[~nan]), backend
+        else:
+            assert (got.scales[~same] == nan_code).all() and not same.all(), backend
+
+
+def _has_numba() -> bool:
+    try:
+        import numba  # noqa: F401
+    except ImportError:
+        return False
+    return True
