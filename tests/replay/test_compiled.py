@@ -1,5 +1,5 @@
 """The compiled loops of fpsim._compiled (numba, ``Backend.COMPILED``) give the numpy paths'
-bits (``Backend.NUMPY``), on hard inputs."""
+bits (``Backend.NUMPY``), on hard inputs (NaNs of every kind among them)."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ from dataclasses import replace
 import numpy as np
 import pytest
 from oracles import scaling as R
+from oracles import with_nans
 
 import fpsim
 from fpsim import Backend, _compiled
@@ -50,7 +51,8 @@ def _numpy_codes(x: np.ndarray, bf: BlockFormat) -> np.ndarray:
 
 
 def _special(rng: np.random.Generator, n: int, scale: float) -> np.ndarray:
-    """Values over 60 binades with zeros of both signs, subnormals, huge values, inf and NaN."""
+    """Values over 60 binades with zeros of both signs, subnormals, huge values, inf and NaN,
+    and the NaN patterns of every kind (quiet and signaling, both signs) from the middle on."""
     x = (rng.standard_normal(n) * scale * np.exp2(rng.integers(-30, 30, n))).astype(np.float32)
     idx = rng.permutation(n)
     k = n // 40
@@ -59,7 +61,7 @@ def _special(rng: np.random.Generator, n: int, scale: float) -> np.ndarray:
     x[idx[2 * k : 3 * k]] = (rng.standard_normal(k) * 2.0**-140).astype(np.float32)
     x[idx[3 * k : 4 * k]] = (rng.standard_normal(k) * 2.0**120).astype(np.float32)
     x[idx[-3:]] = [np.inf, -np.inf, np.nan][: min(n, 3)]
-    return x
+    return with_nans(x, start=n // 2, rounds=1)
 
 
 def _same(got, want, what: str) -> None:
