@@ -123,6 +123,28 @@ def test_block_layouts_and_rules_beyond_the_presets(name, shape):
         assert_same(tally_chunk(x, fmt, mode, Backend.COMPILED, **kw), want, name, shape, mode)
 
 
+@pytest.mark.parametrize("layout", [(130, 32, 1, 1), (64, 8, 4, 4), (130, 8, 20, 4), (45, 45, 7, 3)], ids=str)
+def test_block_amax_bits_equal_the_numpy_tier(layout):
+    """The compiled pass's block amaxes (runs of ``bc`` elements in rows of ``cols``, tiles of
+    ``br`` of ``rows`` rows) bit for bit against fpsim.formats.amax on the same blocks: NaN
+    skipped, or kept as the canonical quiet NaN whatever the NaNs' kinds."""
+    pytest.importorskip("numba")
+    from fpsim import _compiled
+    from fpsim.formats.amax import amax_ignore_nan, amax_propagate_nan
+
+    cols, bc, rows, br = layout
+    x = np.resize(X32[_N - 100 :], (3, rows, cols))  # three matrices, from the NaNs on
+    padded = np.pad(x, ((0, 0), (0, -rows % br), (0, -cols % bc)))
+    tiles = padded.reshape(3, padded.shape[1] // br, br, padded.shape[2] // bc, bc)
+    for ignore, amax in ((True, amax_ignore_nan), (False, amax_propagate_nan)):
+        out = np.zeros(tiles.shape[0] * tiles.shape[1] * tiles.shape[3], np.float32)
+        loops = _compiled.load_measure()
+        loops.block_amax(_compiled.frozen(x), (cols, bc, rows, br, 0, 0), ignore, out)
+        want = amax(tiles, axis=(2, 4)).reshape(-1)
+        assert np.array_equal(out.view(np.uint32), want.view(np.uint32)), (layout, ignore)
+        assert np.isnan(want).any() != ignore
+
+
 def test_block_recipes_run_compiled(monkeypatch):
     """The fused loop, not the numpy encoders, measures the recipes with blocks over one or two
     axes; codebooks go through blocks.encode_array (the replay's compiled codebook encoder)."""

@@ -253,6 +253,16 @@ def _same_codes(got, want, bf, what: str) -> None:
     )
 
 
+def _same_bits(got, want, what: str) -> None:
+    """Equal float32 scale bits, NaN scales included: every tier's block amax gives NaN as the
+    canonical quiet NaN (fpsim.formats.amax), which the division by the element's max keeps."""
+    g, w = np.asarray(got, np.uint32).reshape(-1), np.asarray(want, np.uint32).reshape(-1)
+    bad = np.flatnonzero(g != w)
+    assert bad.size == 0, f"{what}: {bad.size} differ; " + "; ".join(
+        f"[{i}] got {g[i]:#010x} want {w[i]:#010x}" for i in bad[:5]
+    )
+
+
 def _finite(x: np.ndarray) -> np.ndarray:
     """x without inf, NaN and the values so large that their squares overflow."""
     with np.errstate(invalid="ignore"):
@@ -295,6 +305,7 @@ def test_fused_step_equals_generic_path(optimizer, recipes, n, finite):
                 _same(
                     got.states[st].scales.view(np.float32), enc.scales.view(np.float32), f"{st} scales t={t}"
                 )
+                _same_bits(got.states[st].scales, enc.scales, f"{st} scale bits t={t}")
                 _same_codes(want_numpy[st], enc.codes, formats[st], f"{st} numpy codes t={t}")
                 nonzero, zeroed, err, tot = got.stats[st]
                 assert (nonzero, zeroed) == _zero_counts(exact[st], val), (st, t)
@@ -309,6 +320,7 @@ def test_fused_step_equals_generic_path(optimizer, recipes, n, finite):
         (enc, values), want = _fused.encode_state(formats[st], x, COMPILED), fpsim.encode(x, formats[st])
         _same_codes(enc.codes, want.codes, formats[st], f"{st} encode_state")
         _same(enc.scales.view(np.float32), want.scales.view(np.float32), f"{st} encode_state scales")
+        _same_bits(enc.scales, want.scales, f"{st} encode_state scale bits")
         _same(values, fpsim.decode(want, formats[st]), f"{st} encode_state values")
         _same(_fused.decode_state(formats[st], e, COMPILED), x, f"{st} decode_state")
         assert _fused.encode_state(formats[st], x, NUMPY) is None
