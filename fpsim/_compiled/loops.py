@@ -219,11 +219,12 @@ def codebook_tile(x, block, first, base, thr, table, codes, absmaxes, values):
 
 @jit
 def amax_nan(x):
-    # torch.amax of |x|: NaN if any element is NaN (the bits above inf's)
+    # torch.amax of |x|: NaN if any element is NaN (the bits above inf's), as the canonical
+    # quiet NaN 0x7FC00000 (fpsim.formats.amax.amax_propagate_nan)
     a = np.uint32(0)
     for i in range(x.size):
         a = max(a, bits32(x[i]) & np.uint32(0x7FFFFFFF))
-    return float32_of(a)
+    return float32_of(a if a <= np.uint32(0x7F800000) else np.uint32(0x7FC00000))
 
 
 @jit

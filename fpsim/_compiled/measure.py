@@ -550,7 +550,7 @@ def block_ids(bi, layout, state):
 def block_amax(x, layout, ignore_nan, out):
     # blocks._encode_rows' amax of each block (numbered as block_ids does) of a chunk
     # (float32, flat) into out (zeros): max(|x|), NaN skipped (fmaxf) where ignore_nan,
-    # else kept (torch.amax)
+    # else kept (torch.amax) as the canonical quiet NaN (fpsim.formats.amax)
     cols, bc, rows, br = layout[0], layout[1], layout[2], layout[3]
     per_row, bands, keep_nan = (cols + bc - 1) // bc, (rows + br - 1) // br, not ignore_nan
     for r in range(x.size // cols):  # row r of matrix r // rows
@@ -560,7 +560,7 @@ def block_amax(x, layout, ignore_nan, out):
             for i in range(r * cols + k * bc, min(r * cols + (k + 1) * bc, (r + 1) * cols)):
                 v = abs(x[i])
                 a = v if (v > a) | ((v != v) & keep_nan) else a
-            out[first + k] = a
+            out[first + k] = a if a == a else np.float32(np.nan)
 
 
 @jit

@@ -38,6 +38,7 @@ from .._compiled import Backend
 from ..emulate import blocks, element
 from ..emulate.random import random_bits_at, shifted_seed
 from ..formats import AnyFormat, BlockFormat, Codebook, Format, IntFormat, RoundMode, ScaleRule, get_format
+from ..formats.amax import amax_ignore_nan
 from .partials import Partial, SwampPartial, exact_sum
 
 __all__ = [
@@ -206,12 +207,13 @@ def needs_tensor_amax(fmt: AnyKind) -> bool:
 
 
 def tensor_amax(flat: np.ndarray) -> float:
-    """Largest finite-or-infinite magnitude, NaN ignored (fmaxf), chunk by chunk."""
-    m = np.float32(0)
+    """Largest finite-or-infinite magnitude of the float32 values, NaN ignored (fmaxf), chunk
+    by chunk (:func:`fpsim.formats.amax.amax_ignore_nan`); 0 for an empty tensor."""
+    parts = []
     for i in range(0, flat.size, CHUNK):
-        c = np.abs(np.asarray(flat[i : i + CHUNK], np.float32))
-        m = np.fmax(m, np.fmax.reduce(c, initial=0))
-    return float(m)
+        with np.errstate(invalid="ignore"):  # (float64 signaling NaNs cast to float32 raise the flag)
+            parts.append(amax_ignore_nan(np.asarray(flat[i : i + CHUNK], np.float32)))
+    return float(amax_ignore_nan(np.array(parts, np.float32)))
 
 
 def measure_chunk(

@@ -26,6 +26,7 @@ import numpy as np
 from .. import _compiled
 from .._compiled import Backend
 from ..formats import BlockFormat, Codebook, RoundMode, ScaleRule, get_format
+from ..formats.amax import amax_ignore_nan, amax_propagate_nan
 from . import element
 from .random import stochastic_words
 from .scale_rules import codebook_codes, nearest_buckets, prescale
@@ -208,12 +209,9 @@ def _encode_rows(bf: BlockFormat, xb, rand, mode: RoundMode, nbits: int, tensor_
     """Element codes, scale codes and tensor scale of blocked ``xb`` (see :func:`encode_blocks`)."""
     axes = tuple(range(1, xb.ndim, 2))
     ignore_nan = bf.rule in (ScaleRule.TE, ScaleRule.NVFP4) or isinstance(bf.element, Codebook)
+    # fmaxf reductions skip NaN, torch.amax propagates it (decided on the bits, whatever the NaN)
+    amax = (amax_ignore_nan if ignore_nan else amax_propagate_nan)(xb, axis=axes, keepdims=True)
     with np.errstate(invalid="ignore", divide="ignore", over="ignore"):
-        ax = np.abs(xb)
-        if ignore_nan:  # fmaxf reductions skip NaN
-            amax = np.fmax.reduce(ax, axis=axes, keepdims=True, initial=0, dtype=_F32)
-        else:  # torch.amax propagates NaN
-            amax = np.max(ax, axis=axes, keepdims=True, initial=0)
         if tensor_amax is not None and bf.block is None:
             amax = np.full_like(amax, tensor_amax)
         if isinstance(bf.element, Codebook):

@@ -34,6 +34,7 @@ from typing import Any, Protocol, TypeVar, runtime_checkable
 import numpy as np
 
 from ..formats import Format, RoundMode, get_format
+from ..formats.amax import amax_ignore_nan
 from . import element
 from .blocks import BlockCodes, float32_input
 from .random import stochastic_words
@@ -149,9 +150,8 @@ class DelayedScaling:
             scaled, self._fmt, mode, saturate=True, subnormals=subnormals, rand=rand, nbits=stochastic_bits
         )
         scale_inv = np.asarray(_F32(1) / scale).reshape(1).view(np.uint32)
-        amax = np.fmax.reduce(np.abs(x), axis=None, initial=0, dtype=_F32)
         hist = state.history.astype(_F32, copy=True)
-        hist[0] = np.fmax(hist[0], amax)
+        hist[0] = amax_ignore_nan(np.array([hist[0], amax_ignore_nan(x)], _F32))
         return BlockCodes(codes, scale_inv), self._update(hist, scale)
 
     def run(
@@ -166,7 +166,7 @@ class DelayedScaling:
     def _update(self, hist: np.ndarray, scale: np.float32) -> DelayedState:
         last = hist[0]
         if last != 0:
-            window = np.fmax.reduce(hist[1:], initial=last)
+            window = amax_ignore_nan(hist)  # last and h[1..N-1] (amaxes: >= 0)
             rolled = np.zeros_like(hist)
             rolled[1:-1] = hist[2:]
             if hist.size > 1:

@@ -325,11 +325,12 @@ def _jax_x64() -> bool:
 
 def as_float32(x: Any) -> np.ndarray:
     """``x`` as a float32 numpy array: exact for float16, bfloat16 and the other ml_dtypes
-    floats and for integers up to 2**24, float64 rounded to nearest (overflow gives inf)."""
+    floats and for integers up to 2**24, float64 rounded to nearest (overflow gives inf, a
+    signaling NaN a NaN: neither warns)."""
     x = np.asarray(x)
     if x.dtype == np.float32:
         return x
-    with np.errstate(over="ignore"):
+    with np.errstate(over="ignore", invalid="ignore"):
         return as_float_array(x)[1].astype(np.float32)
 
 

@@ -17,6 +17,7 @@ import math
 import numpy as np
 
 from ..formats import BlockFormat, Codebook, Format, RoundMode, ScaleRule
+from ..formats.amax import amax_ignore_nan
 from . import element
 
 __all__ = [
@@ -63,7 +64,7 @@ def block_factors(amax: np.ndarray, bf: BlockFormat, tensor_amax: float | None):
             scale = (scale.view(np.uint32) & np.uint32(0xFF800000)).view(_F32)
         return scale, (_F32(1) / scale).view(np.uint32), None
     if rule is ScaleRule.ABSMAX:
-        s = (np.maximum(amax, _F32(bf.eps)) / elem_max).astype(_F32)
+        s = (np.where(amax < _F32(bf.eps), _F32(bf.eps), amax) / elem_max).astype(_F32)  # NaN stays
         return np.where(s == 0, _F32(1), s), s.view(np.uint32), None
     if rule is ScaleRule.NVFP4:
         return _nvfp4(amax, bf, tensor_amax)
@@ -109,7 +110,7 @@ def _nvfp4(amax: np.ndarray, bf: BlockFormat, tensor_amax: float | None):
     """Transformer Engine NVFP4 (core_nvfp4.cuh): FP32 tensor scale, E4M3 block scales; the
     factor ``f32(1 / f32(s8 * s_dec))`` (FLT_MAX for a zero scale)."""
     if tensor_amax is None:
-        amax_t = np.fmax.reduce(amax, axis=None, initial=0, dtype=_F32)
+        amax_t = amax_ignore_nan(np.asarray(amax, _F32))
     else:
         amax_t = _F32(tensor_amax)
     s_enc = np.fmin(_F32(2688) / amax_t, _FLT_MAX)  # 448 * 6

@@ -6,8 +6,10 @@
 - :mod:`.block`: :class:`BlockFormat` (element format, block shape, scale format and
   :class:`ScaleRule`), :class:`Codebook` and the :data:`RECIPES`.
 - :mod:`.rounding`: :class:`RoundMode`.
+- :mod:`.amax`: the largest magnitude of a float32/float64 array decided on its bit patterns
+  (NaN ignored or propagated), the one amax of every numpy-tier module, the trace included.
 
-Everything here is description; the arithmetic lives in :mod:`fpsim.emulate`. Names are
+Everything else here is description; the arithmetic lives in :mod:`fpsim.emulate`. Names are
 resolved to objects once, by :func:`get_format`, at the public entry points.
 """
 

@@ -40,6 +40,7 @@ import numpy as np
 
 from ..emulate.blocks import BlockCodes
 from ..formats import Codebook
+from ..formats.amax import amax_propagate_nan
 
 __all__ = ["QMAP_RECIPES", "QMapBlocks", "decode_qmap", "encode_qmap"]
 
@@ -111,8 +112,8 @@ def encode_qmap(x: np.ndarray, fmt: QMapBlocks) -> BlockCodes:
     xb = np.pad(flat, (0, (-n) % b)).reshape(-1, b)
     c = fmt.table
     with np.errstate(invalid="ignore", divide="ignore", over="ignore"):
-        amax = np.max(np.abs(xb), axis=1, initial=_F32(0))
-        scale = np.maximum(amax, _CLIP)  # (NaN stays NaN, as torch.clamp)
+        amax = amax_propagate_nan(xb, axis=1)
+        scale = np.where(amax < _CLIP, _CLIP, amax)  # (NaN stays NaN, as torch.clamp)
         v = xb / scale[:, None]
         lo = np.clip(np.searchsorted(c, v, side="right") - 1, 0, c.size - 1)
         up = np.minimum(lo + 1, c.size - 1)

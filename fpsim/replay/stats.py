@@ -21,6 +21,7 @@ import numpy as np
 
 from .. import _compiled
 from .._compiled import Backend
+from ..formats.amax import amax_propagate_nan
 from ..trace import json_safe
 from .config import ReplayConfig, memory_table
 
@@ -242,7 +243,7 @@ class ReplayResult:
             "config": config,
             "steps": len(self.steps),
             "final_param_rel_error": per_step[-1]["param_rel_error"] if per_step else 0.0,
-            "max_param_rel_error": max((r["param_rel_error"] for r in per_step), default=0.0),
+            "max_param_rel_error": _max_error([r["param_rel_error"] for r in per_step]),
             "mean_update_cosine": float(np.mean(cos)) if cos else float("nan"),
             "swamped_share": total.swamped / total.updates if total.updates else 0.0,
             "zero_state_share": total.state_zeroed / total.state_nonzero if total.state_nonzero else 0.0,
@@ -280,6 +281,12 @@ def _metrics(s: Stats) -> dict[str, float]:
     return out
 
 
+def _max_error(errors: list[float]) -> float:
+    """The largest of relative errors (>= 0), NaN if any is NaN (a diverged step is not
+    skipped, wherever it lies), 0 for none."""
+    return float(amax_propagate_nan(np.array(errors, np.float64)))
+
+
 def _ratio(sq: float, ref_sq: float) -> float:
     """sqrt(sq / ref_sq): a norm relative to another (nan when the other is 0)."""
     return math.sqrt(sq / ref_sq) if ref_sq else float("nan")
@@ -289,10 +296,12 @@ def _ratio(sq: float, ref_sq: float) -> float:
 
 
 def sum_sq(x: np.ndarray) -> float:
-    """The sum of squares of a float32 array in float64, chunk by chunk (as the other sums)."""
+    """The sum of squares of a float32 array in float64, chunk by chunk (as the other sums);
+    NaN where it holds a NaN."""
     total = 0.0
     for (c,) in _chunks(x):
-        c = c.astype(np.float64)
+        with np.errstate(invalid="ignore"):  # (signaling NaNs raise the flag in the cast)
+            c = c.astype(np.float64)
         total += _dot(c, c)
     return total
 

@@ -23,6 +23,8 @@ from typing import Any
 
 import numpy as np
 
+from ..formats.amax import amax_ignore_nan
+
 __all__ = ["STATS_FIELDS", "STATS_LENGTH", "OperandStats", "decode_stats", "stats_vector"]
 
 STATS_FIELDS = ("elements", "nonzero", "nan", "inf", "amax")
@@ -98,7 +100,7 @@ def stats_vector(x: Any) -> np.ndarray:
     nan = np.isnan(flat)
     nonzero = (expo != 0xFF) & ((bits & np.uint32(0x7FFFFFFF)) != 0)
     hist = np.bincount(expo[nonzero], minlength=256).astype(np.float64)
-    amax = float(np.fmax.reduce(np.abs(flat), initial=np.float32(0))) if flat.size else 0.0
+    amax = float(amax_ignore_nan(flat))
     head = [
         flat.size,
         np.count_nonzero(nonzero),

@@ -6,7 +6,9 @@ its element codes and scale codes with :func:`fpsim.emulate.blocks.encode_blocks
 
 * ``specials``: a ragged last block, an all-zero block, blocks holding +-inf and NaN,
   float32 subnormals (MX scale exponents clamped at -127), a block whose amax rounds up
-  under the EVEN / CEIL / RCEIL rules and a block beyond the E8M0 range (NaN scale);
+  under the EVEN / CEIL / RCEIL rules, a block beyond the E8M0 range (NaN scale) and a
+  block of quiet and signaling NaNs of both signs after a huge value (a NaN-skipping amax
+  must give the huge value, a NaN-propagating one the NaN);
 * ``random``: values over 40 binades;
 * ``shape ...``: odd shapes (ragged blocks along every axis);
 * ``trace``: tensors of the bundled sample trace (last step when quick).
@@ -22,6 +24,13 @@ import numpy as np
 from fpsim.formats import BlockFormat, Codebook, RoundMode
 
 from .common import SHOWN, Case, Mismatch, input_bits, trace_tensors
+
+# quiet and signaling NaNs, both signs, several payloads (0x7F97C976: issue 27's, which numpy's
+# SIMD fmax mishandled)
+_NAN_BITS = np.array(
+    [0x7F97C976, 0xFF800001, 0x7FC00001, 0xFFFFFFFF, 0x7F800001, 0xFFBFFFFF, 0x7FBFFFFF, 0xFFC00000],
+    np.uint32,
+)
 
 
 def _shapes(bf: BlockFormat, quick: bool) -> list[tuple]:
@@ -39,6 +48,8 @@ def _specials(rng: np.random.Generator, shape: tuple) -> np.ndarray:
     if n > 200:
         flat[64:96] = np.float32(448 * 1.0625)
         flat[96:128] *= np.float32(2.0**100)
+        flat[160] = np.float32(3.0e38)
+        flat.view(np.uint32)[161:192:4] = _NAN_BITS
         flat[-3], flat[-9], flat[-20] = np.nan, np.inf, -np.inf
     return x
 

@@ -2,7 +2,8 @@
 
 The oracle is the single-process run: every partial (counts, exact rational sums, maxima,
 histograms, swamping) and every key, in order, must be equal -- no tolerance. The cluster is a
-real LocalCluster of two worker processes (one thread each), started once for the module.
+real LocalCluster of two worker processes (one thread each), started once for the module. The
+gradients hold NaNs of every kind (quiet and signaling, both signs, several payloads).
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from pathlib import Path
 import ml_dtypes
 import numpy as np
 import pytest
+from oracles import NAN_BITS32, with_nans
 
 distributed = pytest.importorskip("distributed")
 pytest.importorskip("fsspec")
@@ -96,7 +98,7 @@ def _grads(shape: tuple[int, ...], seed: int, huge: bool = False) -> np.ndarray:
     x[rng.integers(0, n, 3)] = -np.inf
     if huge:  # overflows every small format (not where swamping is measured: see the report)
         x[rng.integers(0, n, 3)] = 1e30
-    return x.reshape(shape)
+    return with_nans(x, start=n // 4, spacing=n // 12 | 1, rounds=1).reshape(shape)
 
 
 @pytest.fixture(scope="module")
@@ -107,7 +109,8 @@ def large_trace(tmp_path_factory) -> Path:
     with TraceWriter(path) as w:
         for step in range(2):
             g = {k: _grads(s, 10 * step + i, huge=step == 0) for i, (k, s) in enumerate(shapes.items())}
-            g["h"] = g["h"].astype(ml_dtypes.bfloat16)
+            with np.errstate(invalid="ignore"):  # (signaling NaNs raise the flag in the cast)
+                g["h"] = g["h"].astype(ml_dtypes.bfloat16)
             tensors = {"grad": g}
             if step == 1:
                 rng = np.random.default_rng(99)
@@ -136,7 +139,8 @@ def test_large_trace_equals_single_process(client, large_trace):
     assert_same_analysis(got, want)
     assert len(got.swamping) == 3 * 2  # step 1 only, one element format x two roundings
     p = got.results[0, "grad", "w", "nvfp4", "stochastic"]
-    assert p.elements == 3_000_000 and p.nan_in == 4 and p.overflow == 0 and p.saturated >= 3
+    assert p.elements == 3_000_000 and p.nan_in == 4 + len(NAN_BITS32)
+    assert p.overflow == 0 and p.saturated >= 3
 
 
 def test_result_does_not_depend_on_batching(client, monkeypatch):
@@ -377,6 +381,8 @@ def test_replay_loss_scaler_couples_tensors(client, tmp_path):
             g = {n: rng.standard_normal(300).astype(np.float32) * 1e-3 for n in ("a", "b", "c")}
             if step == 2:
                 g["a"][7] = 2.0  # 2 * 65536 overflows float16
+            if step == 3:
+                g["b"] = with_nans(g["b"], start=100, spacing=23, rounds=1)  # NaNs of every kind
             extra = {"param": {n: np.ones(300, np.float32) for n in g}} if step == 1 else {}
             w.write_step(step, {"grad": g, **extra}, lr=1e-2)
     cfgs = ["fp16-grads-dynamic", "bf16-master-sr", "fp8-grads-delayed", "bnb-8bit-all"]

@@ -2,12 +2,14 @@
 the numpy tier, which is tested against ml_dtypes, torch and the scalar reference: the same codes
 for every format, rounding mode, saturation, flush, stochastic width and source width, on every
 code of each format (values and the midpoints between neighbours: all the ties) and on float32
-bit patterns of every exponent (zeros, subnormals, inf, NaN)."""
+bit patterns of every exponent (zeros, subnormals, inf, NaN: quiet and signaling, both signs,
+several payloads, in float32 and float64)."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
+from oracles import with_nans
 
 import fpsim
 from fpsim._compiled import Backend
@@ -17,11 +19,13 @@ from fpsim.formats import FORMATS, RoundMode
 pytest.importorskip("numba")
 
 _RNG = np.random.default_rng(19)
-BITS = np.concatenate(
-    [
-        _RNG.integers(0, 1 << 32, 6000, dtype=np.uint32).view(np.float32),
-        np.array([0.0, -0.0, np.inf, -np.inf, np.nan, -np.nan, 1e-45, -1e-45, 3.4e38], np.float32),
-    ]
+BITS = with_nans(
+    np.concatenate(
+        [
+            _RNG.integers(0, 1 << 32, 6000, dtype=np.uint32).view(np.float32),
+            np.array([0.0, -0.0, np.inf, -np.inf, np.nan, -np.nan, 1e-45, -1e-45, 3.4e38], np.float32),
+        ]
+    )
 )
 WORDS = _RNG.integers(0, 1 << 32, BITS.size, dtype=np.uint32)
 
@@ -65,7 +69,7 @@ def test_every_code_and_tie_in_every_mode(name):
 def test_bit_patterns_every_option(name):
     fmt = FORMATS[name]
     with np.errstate(invalid="ignore"):
-        wide = BITS.astype(np.float64) * 3.25
+        wide = with_nans(BITS.astype(np.float64) * 3.25, start=3)
     for src in (BITS, wide):
         for mode in RoundMode:
             for saturate in (False, True):
@@ -78,14 +82,15 @@ def test_bit_patterns_every_option(name):
 
 
 def test_public_verbs_choose_the_backend():
-    x = (_RNG.standard_normal((3, 700)) * 10.0).astype(np.float32)
+    x = with_nans((_RNG.standard_normal((3, 700)) * 10.0).astype(np.float32))
     for name in ("float8_e4m3fn", "bfloat16", "int8", "float4_e2m1fn"):
         want = fpsim.encode(x, name, backend="numpy")
         got = fpsim.encode(x, name, backend="compiled")
         assert got.dtype == want.dtype and np.array_equal(got, want)
         q = fpsim.quantize(x, name, backend="compiled", rounding="stochastic", rng=3)
-        assert np.array_equal(q, fpsim.quantize(x, name, backend="numpy", rounding="stochastic", rng=3))
-    big = _RNG.standard_normal(element.PIECE * 2 + 5).astype(np.float32)  # runs on the pool
+        want = fpsim.quantize(x, name, backend="numpy", rounding="stochastic", rng=3)
+        assert np.array_equal(q.view(np.uint32), want.view(np.uint32))  # NaNs included, bit for bit
+    big = with_nans(_RNG.standard_normal(element.PIECE * 2 + 5).astype(np.float32), element.PIECE - 40)
     assert np.array_equal(
         fpsim.encode(big, "float8_e5m2", backend="compiled"),
         fpsim.encode(big, "float8_e5m2", backend="numpy"),

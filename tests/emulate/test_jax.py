@@ -1,4 +1,5 @@
-"""The JAX path (``jax.jit``) gives the numpy path's codes for every format and mode."""
+"""The JAX path (``jax.jit``) gives the numpy path's codes for every format and mode, on the
+targeted points and the NaN patterns of every kind (quiet and signaling, both signs)."""
 
 from __future__ import annotations
 
@@ -6,7 +7,7 @@ from functools import cache
 
 import numpy as np
 import pytest
-from oracles import ALL_FORMATS, MODES, assert_codes_equal, fmt_id, mode_id, targeted_points
+from oracles import ALL_FORMATS, MODES, assert_codes_equal, fmt_id, mode_id, nan_patterns, targeted_points
 
 import fpsim
 from fpsim import RoundMode, get_format
@@ -19,7 +20,7 @@ N_POINTS = 20_000
 
 @cache
 def points(fmt) -> np.ndarray:
-    return targeted_points(fmt, N_POINTS, seed=7)
+    return np.concatenate([nan_patterns(np.float32), targeted_points(fmt, N_POINTS, seed=7)])
 
 
 def words(n: int, seed: int = 0) -> np.ndarray:

@@ -14,6 +14,7 @@ import re
 
 import numpy as np
 import pytest
+from oracles import nan_patterns
 
 torch = pytest.importorskip("torch")
 pytest.importorskip("triton")
@@ -37,7 +38,8 @@ SHAPES = [(1, 1, 1), (3, 1, 5), (5, 9, 3)]  # 1x1x1, K = 1, nothing a power of t
 
 def _operands(fmt: Format, shape_a: tuple, shape_b: tuple, seed: int) -> tuple[np.ndarray, np.ndarray]:
     """Values whose products span the accumulator's range (underflow to overflow), with
-    zeros of both signs, and one +-inf / NaN in the larger cases."""
+    zeros of both signs, and +-inf and NaNs (quiet and signaling, both signs) in the larger
+    cases."""
     rng = np.random.default_rng(seed)
     lo, hi = math.log2(fmt.min_subnormal), math.log2(fmt.max)
 
@@ -51,6 +53,9 @@ def _operands(fmt: Format, shape_a: tuple, shape_b: tuple, seed: int) -> tuple[n
         a.reshape(-1)[[3, 11]] = [0.0, -0.0]
         a.reshape(-1)[17] = np.inf
         b.reshape(-1)[-2] = np.nan
+        nans = nan_patterns(np.float32)
+        a.reshape(-1)[[5, 13]] = nans[[0, 3]]  # signaling +, quiet - (issue 27's 0x7F97C976)
+        b.reshape(-1)[[-7, -11]] = nans[[1, 2]]  # signaling -, quiet + with a payload
     return a, b
 
 

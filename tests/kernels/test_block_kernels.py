@@ -1,8 +1,8 @@
 """Block-quantization kernels (fpsim.kernels.blocks) against fpsim.emulate.blocks.encode_blocks, bit for bit.
 
 Runs in Triton's CPU interpreter (conftest). Inputs hold ragged last blocks, an all-zero
-block, blocks with inf and NaN, float32 subnormals (MX scale exponents clamped at -127)
-and values over 40 binades.
+block, blocks with inf and NaN (the NaN patterns of every kind: quiet and signaling, both
+signs), float32 subnormals (MX scale exponents clamped at -127) and values over 40 binades.
 """
 
 from __future__ import annotations
@@ -11,6 +11,7 @@ import dataclasses
 
 import numpy as np
 import pytest
+from oracles import with_nans
 
 torch = pytest.importorskip("torch")
 pytest.importorskip("triton")
@@ -36,7 +37,7 @@ def _inputs(shape: tuple, seed: int = 0) -> np.ndarray:
     flat[-3] = np.nan
     flat[-9] = np.inf
     flat[-20] = -np.inf
-    return x
+    return with_nans(x, start=50, spacing=23, rounds=1)  # after the zero block and subnormals
 
 
 def _check(x: np.ndarray, bf, **kw) -> None:
@@ -232,6 +233,7 @@ def test_metrics_tally_kernel(name):
     rng = np.random.default_rng(4)
     x = (rng.standard_normal((3, 300)) * np.exp2(rng.integers(-30, 30, (3, 300)))).astype(np.float32)
     x.reshape(-1)[:5] = [np.nan, np.inf, -np.inf, 0, 1e-45]
+    x = with_nans(x, start=40)
     enc = ref_encode(x, bf)
     q = decode_blocks(enc, bf)
     want = metrics._tally(x.reshape(-1), q.reshape(-1), enc.codes.reshape(-1), bf.element, False)

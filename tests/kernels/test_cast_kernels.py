@@ -7,7 +7,7 @@ from __future__ import annotations
 import ml_dtypes
 import numpy as np
 import pytest
-from oracles import ALL_FORMATS, MODES, assert_codes_equal, fmt_id, mode_id, targeted_points
+from oracles import ALL_FORMATS, MODES, assert_codes_equal, fmt_id, mode_id, nan_patterns, targeted_points
 
 import fpsim
 from fpsim import Format, IntFormat, RoundMode
@@ -18,11 +18,16 @@ from fpsim.kernels import cast  # noqa: E402  (after the skips)
 
 SR = RoundMode.STOCHASTIC
 EDGE_WORDS = np.array([0, 1, 0x7FFFFFFF, 0x80000000, 0xFFFFFFFF], dtype=np.uint32)
-SPECIALS = np.array(
-    [0x00000000, 0x80000000, 0x7F800000, 0xFF800000, 0x7FC00000, 0xFFC00000, 0x7F800001, 0xFFFFFFFF]
-    + [0x00000001, 0x807FFFFF, 0x00800000, 0x7F7FFFFF, 0xFF7FFFFF],
-    dtype=np.uint32,
-).view(np.float32)
+SPECIALS = np.concatenate(
+    [
+        np.array(
+            [0x00000000, 0x80000000, 0x7F800000, 0xFF800000, 0x7FC00000, 0xFFC00000, 0x7F800001, 0xFFFFFFFF]
+            + [0x00000001, 0x807FFFFF, 0x00800000, 0x7F7FFFFF, 0xFF7FFFFF],
+            dtype=np.uint32,
+        ).view(np.float32),
+        nan_patterns(np.float32),  # quiet and signaling NaNs of both signs, several payloads
+    ]
+)
 
 
 def points(fmt, n: int = 3000) -> np.ndarray:

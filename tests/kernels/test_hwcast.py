@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from oracles import assert_codes_equal, targeted_points
+from oracles import assert_codes_equal, nan_patterns, targeted_points
 
 import fpsim
 
@@ -22,7 +22,7 @@ needs_gpu = pytest.mark.skipif(
 @pytest.mark.parametrize("saturate", [False, True])
 @pytest.mark.parametrize("subnormals", [True, False])
 def test_float16_hardware_cast_in_the_interpreter(saturate, subnormals):
-    x = targeted_points("float16", 20000, seed=4)
+    x = np.concatenate([nan_patterns(np.float32), targeted_points("float16", 20000, seed=4)])
     got = hwcast.encode(torch.from_numpy(x), "float16", saturate=saturate, subnormals=subnormals)
     want = fpsim.encode(x, "float16", saturate=saturate, subnormals=subnormals)
     assert_codes_equal(got.numpy(), want, "float16", inputs=x, nan_by_class=True)

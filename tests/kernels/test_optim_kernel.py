@@ -22,6 +22,7 @@ import re
 
 import numpy as np
 import pytest
+from oracles import with_nans
 
 import fpsim
 from fpsim.formats import RoundMode
@@ -128,6 +129,7 @@ def _grad(rng, n: int, step: int) -> np.ndarray:
     if step == 2 and n > 300:
         g[-3:] = [np.inf, -np.inf, np.nan]
         g[200:210] = np.float32(3e-23)  # the second moment quantizes to zero
+        g = with_nans(g, start=n // 2, spacing=7, rounds=1)  # NaNs of every kind, one block
     if step == 3 and n > 300:
         g[-40:-30] = np.float32(1e21)  # g * g overflows
     return g

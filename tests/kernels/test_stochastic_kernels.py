@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 from fpsim.kernels._loader import interpreter_patches_restored
 from fpsim.kernels.philox import philox_bits
+from oracles import with_nans
 
 import fpsim
 
@@ -70,6 +71,7 @@ def test_in_kernel_stochastic_rounding_equals_emulator_with_philox_bits(fmt, nbi
 
     rng = np.random.default_rng(3)
     x = (rng.standard_normal(2991) * 2.0 ** rng.integers(-12, 12, 2991)).astype(np.float32).reshape(3, 997, 1)
+    x = with_nans(x, start=990)  # quiet and signaling NaNs of both signs
     for seed in (0, 2**33 + 1, -5):
         got = cast.encode(torch.from_numpy(x), fmt, rounding="stochastic", seed=seed, stochastic_bits=nbits)
         bits = philox_bits(seed, x.size).reshape(x.shape)

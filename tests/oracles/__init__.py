@@ -204,6 +204,43 @@ F32_EXTREMES = _f32_bits(
 )
 
 
+# NaNs of every kind, to put deliberately into the inputs of every tier comparison: signaling
+# (quiet bit clear) and quiet, both signs, several payloads. 0x7F97C976 is the signaling NaN
+# of issue 27, on which numpy's SIMD fmax kernels disagreed.
+NAN_BITS32 = (0x7F97C976, 0xFF800001, 0x7FC00001, 0xFFFFFFFF, 0x7F800001, 0xFFBFFFFF, 0x7FBFFFFF, 0xFFC00000)
+NAN_BITS64 = (
+    0x7FF0000000000001,  # signaling, smallest payload
+    0xFFF4000000000000,  # signaling, negative
+    0x7FF7FFFFFFFFFFFF,  # signaling, largest payload
+    0x7FF8000000000001,  # quiet, payload 1
+    0xFFFFFFFFFFFFFFFF,  # quiet, negative, every payload bit
+    0xFFF8000000000000,  # quiet, negative (x86's default NaN)
+    0x7FF2F3B8E9AC0001,  # signaling, mixed payload
+)
+
+
+def nan_patterns(dtype) -> np.ndarray:
+    """:data:`NAN_BITS32` or :data:`NAN_BITS64` as an array of float32 / float64 ``dtype``."""
+    dt = np.dtype(dtype)
+    bits = {np.dtype(np.float32): (NAN_BITS32, np.uint32), np.dtype(np.float64): (NAN_BITS64, np.uint64)}[dt]
+    return np.asarray(bits[0], bits[1]).view(dt)
+
+
+def with_nans(x, start: int = 0, spacing: int = 37, rounds: int = 2) -> np.ndarray:
+    """A copy of float32 / float64 ``x`` holding the NaNs of :func:`nan_patterns`: each
+    pattern ``rounds`` times, at flat positions ``start``, ``start + spacing``, ... (an odd
+    spacing puts them at every offset in blocks and SIMD lanes, next to the other values; the
+    data beyond ``start + rounds * len(patterns) * spacing`` stay free of them). Tests whose
+    data come from random bit patterns hold these NaNs this way, not by the seed's luck."""
+    out = np.array(x, copy=True)
+    u = np.uint64 if out.dtype.itemsize == 8 else np.uint32
+    bits = np.tile(nan_patterns(out.dtype).view(u), rounds)  # written as integers: bit for bit
+    pos = start + spacing * np.arange(bits.size)
+    keep = pos < out.size
+    out.reshape(-1).view(u)[pos[keep]] = bits[keep]
+    return out
+
+
 def _with_neighbours(values) -> list[np.ndarray]:
     """The values that are exact float32 numbers, with their float32 neighbours."""
     v = np.asarray(values, dtype=np.float64)
@@ -370,6 +407,8 @@ __all__ = [
     "FLOAT_FORMATS",
     "INT_FORMATS",
     "MODES",
+    "NAN_BITS32",
+    "NAN_BITS64",
     "SMALL_FORMATS",
     "assert_codes_equal",
     "boundary_points",
@@ -379,8 +418,10 @@ __all__ = [
     "ml_dtype",
     "ml_dtype_or_none",
     "ml_encode",
+    "nan_patterns",
     "points_for",
     "scalar_codes",
     "special_points",
     "targeted_points",
+    "with_nans",
 ]

@@ -1,5 +1,5 @@
 """The compiled loops of fpsim._compiled (numba, ``Backend.COMPILED``) give the numpy paths'
-bits (``Backend.NUMPY``), on hard inputs."""
+bits (``Backend.NUMPY``), on hard inputs (NaNs of every kind among them)."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ from dataclasses import replace
 import numpy as np
 import pytest
 from oracles import scaling as R
+from oracles import with_nans
 
 import fpsim
 from fpsim import Backend, _compiled
@@ -50,7 +51,8 @@ def _numpy_codes(x: np.ndarray, bf: BlockFormat) -> np.ndarray:
 
 
 def _special(rng: np.random.Generator, n: int, scale: float) -> np.ndarray:
-    """Values over 60 binades with zeros of both signs, subnormals, huge values, inf and NaN."""
+    """Values over 60 binades with zeros of both signs, subnormals, huge values, inf and NaN,
+    and the NaN patterns of every kind (quiet and signaling, both signs) from the middle on."""
     x = (rng.standard_normal(n) * scale * np.exp2(rng.integers(-30, 30, n))).astype(np.float32)
     idx = rng.permutation(n)
     k = n // 40
@@ -59,7 +61,7 @@ def _special(rng: np.random.Generator, n: int, scale: float) -> np.ndarray:
     x[idx[2 * k : 3 * k]] = (rng.standard_normal(k) * 2.0**-140).astype(np.float32)
     x[idx[3 * k : 4 * k]] = (rng.standard_normal(k) * 2.0**120).astype(np.float32)
     x[idx[-3:]] = [np.inf, -np.inf, np.nan][: min(n, 3)]
-    return x
+    return with_nans(x, start=n // 2, rounds=1)
 
 
 def _same(got, want, what: str) -> None:
@@ -251,6 +253,16 @@ def _same_codes(got, want, bf, what: str) -> None:
     )
 
 
+def _same_bits(got, want, what: str) -> None:
+    """Equal float32 scale bits, NaN scales included: every tier's block amax gives NaN as the
+    canonical quiet NaN (fpsim.formats.amax), which the division by the element's max keeps."""
+    g, w = np.asarray(got, np.uint32).reshape(-1), np.asarray(want, np.uint32).reshape(-1)
+    bad = np.flatnonzero(g != w)
+    assert bad.size == 0, f"{what}: {bad.size} differ; " + "; ".join(
+        f"[{i}] got {g[i]:#010x} want {w[i]:#010x}" for i in bad[:5]
+    )
+
+
 def _finite(x: np.ndarray) -> np.ndarray:
     """x without inf, NaN and the values so large that their squares overflow."""
     with np.errstate(invalid="ignore"):
@@ -293,6 +305,7 @@ def test_fused_step_equals_generic_path(optimizer, recipes, n, finite):
                 _same(
                     got.states[st].scales.view(np.float32), enc.scales.view(np.float32), f"{st} scales t={t}"
                 )
+                _same_bits(got.states[st].scales, enc.scales, f"{st} scale bits t={t}")
                 _same_codes(want_numpy[st], enc.codes, formats[st], f"{st} numpy codes t={t}")
                 nonzero, zeroed, err, tot = got.stats[st]
                 assert (nonzero, zeroed) == _zero_counts(exact[st], val), (st, t)
@@ -307,6 +320,7 @@ def test_fused_step_equals_generic_path(optimizer, recipes, n, finite):
         (enc, values), want = _fused.encode_state(formats[st], x, COMPILED), fpsim.encode(x, formats[st])
         _same_codes(enc.codes, want.codes, formats[st], f"{st} encode_state")
         _same(enc.scales.view(np.float32), want.scales.view(np.float32), f"{st} encode_state scales")
+        _same_bits(enc.scales, want.scales, f"{st} encode_state scale bits")
         _same(values, fpsim.decode(want, formats[st]), f"{st} encode_state values")
         _same(_fused.decode_state(formats[st], e, COMPILED), x, f"{st} decode_state")
         assert _fused.encode_state(formats[st], x, NUMPY) is None

@@ -4,9 +4,11 @@ memory by hand."""
 from __future__ import annotations
 
 import json
+import math
 
 import numpy as np
 import pytest
+from oracles import with_nans
 
 from fpsim.replay import PRESETS, LossScaler, ReplayConfig, memory_table, replay
 from fpsim.replay.config import DEFAULT_CONFIGS, resolve_configs
@@ -148,6 +150,24 @@ def test_bf16_master_swamping_and_state_zeros_by_hand(tmp_path):
     assert res["bf16-master"]["swamped_share"] == 1.0 and res["fp32"]["swamped_share"] == 0.0
     assert res["fp32"]["final_param_rel_error"] == 0.0 and res["fp32"]["mean_update_cosine"] == 1.0
     assert np.array_equal(r.final_params["bf16-master"]["w"], p0)
+
+
+def test_largest_error_is_nan_once_a_step_diverges(tmp_path):
+    """NaN gradients from step 3 on (NaNs of every kind, signaling ones too): the per-step
+    parameter error is finite before, NaN from then on, and the summary's largest error is
+    NaN, not the largest of the finite ones (Python's max keeps its first argument against
+    a NaN); the gradient norm of a step with signaling NaNs is NaN, without a warning."""
+    rng = np.random.default_rng(5)
+    p0 = rng.standard_normal(600).astype(np.float32)
+    grads = [rng.standard_normal(600).astype(np.float32) for _ in range(4)]
+    grads[2] = with_nans(grads[2], start=7)
+    r = replay(write_trace(tmp_path / "t", grads, p0), ["bf16-master"], progress=False)
+    errors = [s["param_rel_error"] for s in r.per_step("bf16-master")]
+    assert [math.isnan(e) for e in errors] == [False, False, True, True]
+    assert 0 < max(errors[:2]) < math.inf
+    row = next(x for x in r.summary()["results"] if x["config"] == "bf16-master")
+    assert row["max_param_rel_error"] == row["final_param_rel_error"] == "nan"  # (JSON-ready)
+    assert [math.isnan(r.grad_sq[s, "w"]) for s in (1, 2, 3, 4)] == [False, False, True, False]
 
 
 def test_memory_table_by_hand():
