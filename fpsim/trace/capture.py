@@ -56,6 +56,7 @@ from .capture_async import AsyncTraceWriter, StepSnapshot, cuda_events, snapshot
 from .convert import is_torch_tensor
 from .operand_stats import stats_vector
 from .schedule import CaptureSchedule
+from .wrappers import torch_optimizer
 from .writer import TraceWriter, _check_step
 
 __all__ = ["TorchCapture", "capture_jax", "jax_operands"]
@@ -169,6 +170,8 @@ class TorchCapture:
             raise ValueError(f"every must be a positive int, got {every!r}")
         if not isinstance(model, torch.nn.Module):
             raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
+        if optimizer is not None:  # accelerate's, Lightning's, a scheduler: the optimizer inside
+            optimizer = torch_optimizer(optimizer, model)
         if operands not in (False, True, "stats"):
             raise ValueError(f"operands= must be False, True or 'stats', got {operands!r}")
         if isinstance(first_step, bool) or not isinstance(first_step, int) or first_step < 0:
