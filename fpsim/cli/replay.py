@@ -162,6 +162,13 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         "recorded count, else its step number)",
     )
     r.add_argument(
+        "--start",
+        metavar="CHECKPOINT",
+        help="start from the parameters and optimizer states of CHECKPOINT (a Trainer checkpoint-N "
+        "folder, a torch checkpoint or a trace: its one step, or the first replayed step) instead of "
+        "the first replayed step's recorded ones; its update count must be that step's",
+    )
+    r.add_argument(
         "--tensors",
         action="append",
         metavar="PATTERN",
@@ -266,6 +273,7 @@ def run(args: argparse.Namespace) -> int:
         mode=args.mode,
         first_update=args.first_update,
         keep_on_interrupt=True,
+        start=args.start,
     )
     paths = write_replay_report(result, args.out)
     if args.save_state:
