@@ -139,8 +139,9 @@ def replay(
             pieces of large tensors in elementwise optimizer steps, are updated in parallel
             (numpy releases the GIL); the result does not depend on the number of threads.
         backend: where the hot loops run, ``"auto"``, ``"numpy"`` or ``"compiled"``
-            (:meth:`fpsim.Backend.resolve`); the same result on each, up to the summation order
-            of the float64 statistics.
+            (:meth:`fpsim.Backend.resolve`; ``"auto"`` replays fewer than
+            :data:`fpsim._compiled.COMPILED_FROM` gradient elements, steps times tensors, on
+            numpy); the same result on each, up to the summation order of the float64 statistics.
         sqrt: the square root of Adam's denominator, ``"ieee"`` (correctly rounded) or
             ``"torch"`` (torch's CPU sqrt: the parameters of torch.optim on this machine), see
             :class:`fpsim.replay.optim.Sqrt`; None keeps the optimizer's own. The compiled and fused
@@ -173,7 +174,8 @@ def replay(
 
     from tqdm.auto import tqdm
 
-    backend = Backend.resolve(backend)
+    requested = backend
+    Backend.resolve(backend, elements=0)  # a bad name fails before the trace is read ("auto": below)
     mode = Mode.resolve(mode)
     if lr is not None and (
         isinstance(lr, bool) or not isinstance(lr, (int, float)) or not 0 <= lr < math.inf
@@ -186,6 +188,9 @@ def replay(
     cfgs = resolve_configs(configs)
     plan = plan_updates(tr, select_steps(tr, steps), mode, first_update)
     names = _tensor_names(tr, plan[0].step, tensors)
+    backend = Backend.resolve(
+        requested, elements=len(plan) * sum(tr.entry(plan[0].step, n).size for n in names)
+    )
     origin = None if start is None else _origin(as_trace(start), plan[0], mode)
     runs_of = [plan] if mode is Mode.SEQUENCE else [[p] for p in plan if not p.skipped]
     steps_run = [p.step for p in plan] if mode is Mode.SEQUENCE else [g[0].step for g in runs_of]
