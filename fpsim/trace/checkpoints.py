@@ -211,8 +211,14 @@ def _trainer_param_names(folder: Path, groups: int) -> list[list[str]] | None:
             f"{config_file}: 'architectures' {archs} names no transformers model class to rebuild the "
             "parameter order from: pass param_names= (the parameter names in param_groups order)"
         )
-    with torch.device("meta"):
-        model = cls(config)
+    try:
+        with torch.device("meta"):
+            model = cls(config)
+    except Exception as e:  # whatever the model's constructor raises
+        raise TraceError(
+            f"{config_file}: transformers cannot build {archs[0]} from it ({type(e).__name__}: {e}): pass "
+            "param_names= (the parameter names in param_groups order)"
+        ) from e
     named = [n for n, p in model.named_parameters() if p.requires_grad]
     if groups == 1:
         return [named]
