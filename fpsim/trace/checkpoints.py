@@ -173,9 +173,11 @@ def _open_trainer(folder: Path, param_names: Any, step: int | None) -> Trace:
         raise TraceError(f"{opt_file}: not an optimizer state dict (no 'state' and 'param_groups')")
     groups = opt["param_groups"]
     stored = isinstance(groups, list) and all(isinstance(g, Mapping) and "param_names" in g for g in groups)
+    how = "param_names="
     if param_names is None and not stored and (folder / "config.json").is_file():
         param_names = _trainer_param_names(folder, len(groups) if isinstance(groups, list) else 0)
-    return _trace(folder, model, wfile, opt, opt_file, param_names, step, recorded, loss, [])
+        how = "the names rebuilt from config.json (the Trainer's grouping)"
+    return _trace(folder, model, wfile, opt, opt_file, param_names, step, recorded, loss, [], how)
 
 
 def _trainer_param_names(folder: Path, groups: int) -> list[list[str]] | None:
@@ -238,6 +240,7 @@ def _trace(
     recorded: int | None,
     loss: float | None,
     skipped: list[str],
+    names_from: str = "param_names=",
 ) -> Trace:
     if step is None:
         step = 0 if recorded is None else recorded
@@ -254,7 +257,7 @@ def _trace(
     groups = opt["param_groups"]
     if not isinstance(groups, list) or not all(isinstance(g, Mapping) and "params" in g for g in groups):
         raise TraceError(f"{opt_file}: 'param_groups' must be a list of dicts with 'params'")
-    names = _names(opt_file, groups, opt["state"], param_names, floats, shapes)
+    names = _names(opt_file, groups, opt["state"], param_names, floats, shapes, names_from)
     record = StepRecord(step, loss, _lr(groups))
     for name in shapes:
         record.entries.append(
@@ -302,6 +305,7 @@ def _names(
     given: Any,
     floats: list[str] | None,
     shapes: Mapping[str, tuple],
+    given_how: str = "param_names=",
 ) -> dict[Any, str]:
     """Optimizer parameter id -> model parameter name (see the module docstring)."""
     ids = [pid for g in groups for pid in g["params"]]
@@ -311,7 +315,7 @@ def _names(
         how = "the optimizer's param_names"
     elif given is not None:
         given = list(given)
-        how = "param_names="
+        how = given_how
         order = given
         if given and not isinstance(given[0], str):  # a list per group: each group's count must fit
             order = [n for s in given for n in s]
