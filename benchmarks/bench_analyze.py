@@ -136,7 +136,8 @@ def _compile_times(trace: Path) -> tuple[float, float]:
     cache folder (NUMBA_CACHE_DIR), and of a second one with that cache."""
     code = (
         "import time, sys; t = time.perf_counter(); from fpsim.analysis import analyze; "
-        f"analyze(sys.argv[1], {FOUR + ['mxfp8_e4m3', 'int8_block256']!r}, progress=False); "
+        f"analyze(sys.argv[1], {FOUR + ['mxfp8_e4m3', 'int8_block256']!r}, progress=False, "
+        "backend='compiled'); "
         "print(time.perf_counter() - t)"
     )
     with tempfile.TemporaryDirectory() as cache:
@@ -165,7 +166,7 @@ def trace_comparison(tensor_elements: int = 1 << 22, numpy_tier: bool = False) -
         print(f"first analysis in a fresh process: {first:.1f} s, empty numba cache; {cached:.1f} s cached")
         side = int(tensor_elements**0.5)  # 2-D, so that row and tile recipes apply
         _write_trace(path, {"layer0.weight": (side, side), "layer1.weight": (side, side)}, 4)
-        analyze(small, FOUR, progress=False)  # compiled code loaded
+        analyze(small, FOUR, progress=False, backend="compiled")  # compiled code loaded
         t_plain, c_plain = best_cpu(lambda: _plain_loop(path, dtypes), 2)
         t_fp, c_fp = best_cpu(lambda: analyze(path, FOUR, progress=False), 2)
         t_fp_np = (

@@ -3,9 +3,10 @@
 Run: ``python benchmarks/bench_train.py [--steps 300] [--params 4194304] [--repeats 3]
 [--json OUT]``.
 
-1. Closed loop against the libraries (CPU, same run): the digits MLP of ``fpsim ab``
-   (:data:`fpsim.train.ab.MODELS`), ``--steps`` steps from one start on the same batches, under
-   torchao's ``AdamWFp8`` (eagerly: ``torch.compile`` replaced by the identity) next to
+1. Closed loop against the libraries (CPU, same run): the digits MLP of ``fpsim ab`` on its
+   data (:data:`fpsim.train.ab.MODELS`: the UCI digits with scikit-learn), ``--steps`` steps
+   from one start on the same batches, under torchao's ``AdamWFp8`` (eagerly: ``torch.compile``
+   replaced by the identity) next to
    ``fpsim.train.torch.AdamW(config="torchao-fp8")`` and ``config="fp8-states"``, and under
    bitsandbytes' ``Adam8bit`` (its CPU kernel) next to ``fpsim.train.torch.Adam(config=
    "bnb-8bit-cpu")``; printed: the largest loss difference over the steps and the final losses.

@@ -18,7 +18,12 @@ import numpy as np
 
 from .kinds import StateKind
 
-__all__ = ["Backend", "StateKind", "available", "flat32", "load", "load_measure"]
+__all__ = ["COMPILED_FROM", "Backend", "StateKind", "available", "flat32", "load", "load_measure"]
+
+COMPILED_FROM = 1 << 18
+"""The elements from which ``"auto"`` chooses the compiled loops where an entry point knows the
+size of its run (:meth:`Backend.resolve`): below, importing numba and loading its cached loops
+takes longer than the numpy loops (``benchmarks/bench_cli.py``); both give the same bits."""
 
 
 @functools.cache
@@ -42,9 +47,10 @@ class Backend(enum.Enum):
     COMPILED = "compiled"
 
     @classmethod
-    def resolve(cls, backend: Backend | str = "auto") -> Backend:
+    def resolve(cls, backend: Backend | str = "auto", elements: int | None = None) -> Backend:
         """A :class:`Backend` from a member or its name; ``"auto"`` is ``COMPILED`` where numba
-        is installed, else ``NUMPY``.
+        is installed, else ``NUMPY``, and ``NUMPY`` too for a run of fewer than
+        :data:`COMPILED_FROM` ``elements`` (where the caller knows its size).
 
         Raises:
             ValueError: an unknown name (the message lists the allowed ones).
@@ -53,7 +59,8 @@ class Backend(enum.Enum):
         if isinstance(backend, cls):
             chosen = backend
         elif backend == "auto":
-            return cls.COMPILED if available() else cls.NUMPY
+            small = elements is not None and elements < COMPILED_FROM
+            return cls.COMPILED if not small and available() else cls.NUMPY
         else:
             try:
                 chosen = cls(backend)

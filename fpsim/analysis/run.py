@@ -107,10 +107,18 @@ class Analysis:
         for name in ("results", "swamping", "hist", "shapes", "skipped"):
             getattr(self, name).update(getattr(part, name))
 
+    COLUMNS = ("step", "role", "tensor", "format", "rounding", "metric", "value")
+    """The columns of :meth:`rows` and :meth:`table`."""
+
     def table(self):
-        """Tidy DataFrame: step, role, tensor, format, rounding, metric, value."""
+        """Tidy DataFrame of :meth:`rows`: step, role, tensor, format, rounding, metric, value."""
         import pandas as pd
 
+        return pd.DataFrame(self.rows(), columns=list(self.COLUMNS))
+
+    def rows(self) -> list[tuple]:
+        """The tidy rows, one per step x role x tensor x format x rounding x metric, in
+        :attr:`COLUMNS` order (metrics.csv, without pandas)."""
         rows = []
         for (step, role, tensor, fmt, rnd), p in sorted(self.results.items()):
             for metric, value in p.totals().items():
@@ -121,8 +129,7 @@ class Analysis:
         for (step, role, tensor, fmt), (n, _) in sorted(self.skipped.items()):
             for rnd in self.roundings:
                 rows.append((step, role, tensor, fmt, rnd, "elements_not_covered", n))
-        cols = ["step", "role", "tensor", "format", "rounding", "metric", "value"]
-        return pd.DataFrame(rows, columns=cols)
+        return rows
 
     def totals(self) -> dict[tuple[str, str], Partial]:
         """Partials summed over the whole trace, per (format, rounding)."""
@@ -265,7 +272,8 @@ def analyze(
         backend: where the hot loops run (:class:`~fpsim.Backend` or ``"auto"``,
             ``"numpy"``, ``"compiled"``): compiled, each chunk is encoded, decoded and
             tallied in one pass per format (:mod:`fpsim.analysis.compiled`), chunks run on
-            all cores; the partials are the same on every backend, bit for bit.
+            all cores; the partials are the same on every backend, bit for bit. ``"auto"``
+            runs a trace of fewer than :data:`fpsim._compiled.COMPILED_FROM` elements on numpy.
         keep_on_interrupt: on Ctrl-C (KeyboardInterrupt), return what was measured instead of
             raising: every tensor finished in full, none in part, and ``interrupted`` says how
             many of how many (``fpsim analyze`` writes that report and exits 130). Tensors
@@ -281,8 +289,8 @@ def analyze(
 
     tr = as_trace(trace)
     fmts, modes = resolve_formats(formats, roundings)
-    backend = Backend.resolve(backend)
     entries = select_entries(tr, roles, steps)
+    backend = Backend.resolve(backend, elements=sum(e.size for e in entries))
     out = Analysis(str(tr.path), [f.name for f in fmts], [m.value for m in modes])
     bar = tqdm(
         total=sum(e.size for e in entries) * len(fmts) * len(modes),

@@ -1,8 +1,9 @@
 """``fpsim ab [--model NAME] --config A --config B ... --steps N --seed S --out DIR``: train a
 bundled model under each configuration (:func:`fpsim.train.ab.run_ab`, emulated AdamW) from the
-same initialisation and batches; print final and best loss, first non-finite step and bytes of
-optimizer state per parameter; write ``ab.csv`` and ``ab.png``. ``fp32`` is always run first,
-as the reference."""
+same initialisation and batches; print the data used (``digits-mlp``: the real UCI digits when
+scikit-learn is installed, else synthetic glyphs), final and best loss, held-out accuracy, first
+non-finite step and bytes of optimizer state per parameter; write ``ab.csv`` and ``ab.png``.
+``fp32`` is always run first, as the reference."""
 
 from __future__ import annotations
 
@@ -50,6 +51,7 @@ def run(args: argparse.Namespace) -> int:
     from ..train.ab import MODELS, run_ab
 
     model = MODELS[args.model]
+    data = model.data(args.seed)
     names = [
         "fp32",
         *(
@@ -60,10 +62,17 @@ def run(args: argparse.Namespace) -> int:
     ]
     lr = model.lr if args.lr is None else args.lr
     result = run_ab(
-        model.build, model.batches(args.seed, args.steps), names, steps=args.steps, lr=lr, seed=args.seed,
-        progress=not args.no_progress,
+        model.build, data.batches(args.seed, args.steps, model.batch), names, steps=args.steps, lr=lr,
+        seed=args.seed, progress=not args.no_progress, held_out=data.held_out(),
     )  # fmt: skip
     title = f"fpsim ab: {args.model}, AdamW lr {lr:g}, seed {args.seed}"
     paths = write_ab_report(result.frame(), args.out, title)
-    summary = {"model": args.model, "steps": args.steps, "lr": lr, "seed": args.seed, **result.summary()}
-    return emit(summary, f"{args.model}: " + ab_text(summary), paths, args.json)
+    summary = {
+        "model": args.model,
+        "data": data.source,
+        "steps": args.steps,
+        "lr": lr,
+        "seed": args.seed,
+        **result.summary(),
+    }
+    return emit(summary, f"{args.model}, data: {data.source}\n" + ab_text(summary), paths, args.json)

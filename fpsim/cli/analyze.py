@@ -13,7 +13,7 @@ from typing import Any
 
 from ..formats import FORMATS, RECIPES, RoundMode
 from .distributed import add_dask_argument
-from .output import add_backend_argument, emit, positive_int
+from .output import add_backend_argument, add_figures_argument, emit, positive_int
 
 __all__ = ["add_parser", "run"]
 
@@ -77,6 +77,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     )
     a.add_argument("--out", default="fpsim-report", help="output folder (default: fpsim-report)")
     a.add_argument("--json", action="store_true", help="print the JSON summary instead of the table")
+    add_figures_argument(a, "magnitudes.png and underflow_by_tensor.png")
     a.add_argument("--no-swamping", action="store_true", help="skip the swamping estimate")
     a.add_argument("--quiet", action="store_true", help="no progress bar")
     add_backend_argument(a)
@@ -115,7 +116,7 @@ def run(args: argparse.Namespace) -> int:
             backend=args.backend,
             keep_on_interrupt=True,
         )
-    paths = write_report(result, args.out)
+    paths = write_report(result, args.out, figures=args.figures)
     summary, text = result.summary(), summary_text(result)
     if args.by or args.te:
         from ..report.roles import by_role_rows, by_role_text, te_text, write_role_reports

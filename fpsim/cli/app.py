@@ -22,25 +22,40 @@ from .output import missing_dependency
 
 __all__ = ["build_parser", "format_rows", "main"]
 
-_COMMANDS = (formats, analyze, replay, memory, ab, accumulate, validate, figures, exhaustive, diff)
-"""The command modules, in the order ``fpsim --help`` lists them."""
+_COMMANDS = {
+    "formats": formats,
+    "analyze": analyze,
+    "replay": replay,
+    "memory": memory,
+    "ab": ab,
+    "accumulate": accumulate,
+    "validate-kernels": validate,
+    "figures": figures,
+    "exhaustive": exhaustive,
+    "diff": diff,
+}
+"""The command modules by command name, in the order ``fpsim --help`` lists them."""
 
 
-def build_parser() -> argparse.ArgumentParser:
-    """The ``fpsim`` parser with every command."""
+def build_parser(command: str | None = None) -> argparse.ArgumentParser:
+    """The ``fpsim`` parser with every command, or with ``command`` only (what :func:`main`
+    parses with when the command line names one: the other commands' options list what they
+    must import, the replay's presets, the kernels)."""
     p = argparse.ArgumentParser(
         prog="fpsim", description="See what low-precision number formats do to your tensors."
     )
     p.add_argument("--version", action="version", version=f"fpsim {_version()}")
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    for command in _COMMANDS:
-        command.add_parser(sub)
+    for name, module in _COMMANDS.items():
+        if command is None or name == command:
+            module.add_parser(sub)
     return p
 
 
 def main(argv: list[str] | None = None) -> int:
     """Run the command line ``argv`` (default: ``sys.argv[1:]``); returns the exit status."""
-    args = build_parser().parse_args(argv)
+    argv = sys.argv[1:] if argv is None else list(argv)
+    args = build_parser(argv[0] if argv and argv[0] in _COMMANDS else None).parse_args(argv)
     try:
         return args.run(args)
     except ImportError as err:  # an optional dependency: say which and how to install it

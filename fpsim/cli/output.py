@@ -13,6 +13,7 @@ from .._compiled import Backend
 
 __all__ = [
     "add_backend_argument",
+    "add_figures_argument",
     "emit",
     "format_name",
     "missing_dependency",
@@ -47,6 +48,17 @@ def add_backend_argument(parser: argparse.ArgumentParser) -> None:
         default="auto",
         help="where the hot loops run: numpy, compiled (numba) or auto (default: compiled when "
         "numba is installed)",
+    )
+
+
+def add_figures_argument(parser: argparse.ArgumentParser, names: str) -> None:
+    """Add ``--figures/--no-figures`` (default: no figures; ``names``: the files drawn)."""
+    parser.add_argument(
+        "--figures",
+        action=argparse.BooleanOptionalAction,
+        default=False,
+        help=f"also draw {names} (matplotlib: most of the time of a run on a small trace; "
+        "default: --no-figures)",
     )
 
 

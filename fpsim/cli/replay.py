@@ -15,7 +15,7 @@ import enum
 import sys
 from typing import Any
 
-from .output import add_backend_argument, emit, format_name, non_negative, positive_int
+from .output import add_backend_argument, add_figures_argument, emit, format_name, non_negative, positive_int
 
 __all__ = ["DEFAULT_CONFIGS", "add_parser", "run"]
 
@@ -162,6 +162,13 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         "recorded count, else its step number)",
     )
     r.add_argument(
+        "--start",
+        metavar="CHECKPOINT",
+        help="start from the parameters and optimizer states of CHECKPOINT (a Trainer checkpoint-N "
+        "folder, a torch checkpoint or a trace: its one step, or the first replayed step) instead of "
+        "the first replayed step's recorded ones; its update count must be that step's",
+    )
+    r.add_argument(
         "--tensors",
         action="append",
         metavar="PATTERN",
@@ -232,6 +239,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         "parameters and states under the trace's keys (param:<name>, state.exp_avg:<name>, ...)",
     )
     r.add_argument("--json", action="store_true", help="print the JSON summary instead of the table")
+    add_figures_argument(r, "divergence.png, the curves")
     r.add_argument("--quiet", action="store_true", help="no progress bar")
     add_backend_argument(r)
     r.set_defaults(run=run)
@@ -266,8 +274,9 @@ def run(args: argparse.Namespace) -> int:
         mode=args.mode,
         first_update=args.first_update,
         keep_on_interrupt=True,
+        start=args.start,
     )
-    paths = write_replay_report(result, args.out)
+    paths = write_replay_report(result, args.out, figures=args.figures)
     if args.save_state:
         paths.update({f"state:{k}": p for k, p in result.save_state(args.save_state).items()})
     status = emit(result.summary(), replay_text(result), paths, args.json)

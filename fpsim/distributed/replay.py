@@ -62,13 +62,15 @@ def replay_distributed(
             :func:`~fpsim.distributed.analyze.analyze_distributed`.
         progress: show a progress bar over the parts.
         backend: where the workers' hot loops run (:meth:`fpsim.Backend.resolve`, resolved
-            here, on the client), as for :func:`~fpsim.replay.replay`.
+            here, on the client, by the size of the whole replay), as for
+            :func:`~fpsim.replay.replay`.
 
     Returns:
         The :class:`~fpsim.replay.ReplayResult` ``replay`` returns for the same arguments.
     """
-    backend = Backend.resolve(backend)
+    Backend.resolve(backend, elements=0)  # a bad name fails before the trace is read
     job = _job(as_trace(trace), configs, steps)
+    backend = Backend.resolve(backend, elements=len(job.steps) * sum(job.sizes.values()))  # as replay's
     kw = {"optimizer": optimizer, "lr": lr, "steps": job.steps, "seed": seed, "threads": threads_per_worker}
     kw.update(backend=backend, sqrt=sqrt, mode=mode, first_update=first_update)
     client, close = connect(scheduler, n_workers, threads_per_worker, memory_limit)

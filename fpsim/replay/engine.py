@@ -28,9 +28,11 @@ not advance its count, as in torch.
    with ``kahan`` the rounding error is carried in a compensation buffer of the same format.
 
 Initial parameters and states come from the trace's first replayed step ("param",
-"state.exp_avg", ...; optax's "state.mu"/"state.nu" are read as Adam's states). The
-parameters must be recorded; states may be missing only at update 1 (torch creates them then,
-at zero). A recorded state the optimizer does not use is an error.
+"state.exp_avg", ...; optax's "state.mu"/"state.nu" are read as Adam's states), or with
+``start=`` from another trace or a checkpoint (a Trainer's ``checkpoint-N`` folder: the state
+a sparse gradient trace lacks). The parameters must be recorded; states may be missing only
+at update 1 (torch creates them then, at zero). A recorded state the optimizer does not use
+is an error.
 
 Where the pieces are: the configurations in :mod:`.config`, the statistics and the result in
 :mod:`.stats`, the storage of states and master copies in :mod:`.storage`, the fused 8-bit
@@ -118,6 +120,7 @@ def replay(
     mode: Mode | str = "sequence",
     first_update: int | None = None,
     keep_on_interrupt: bool = False,
+    start: Any = None,
 ) -> ReplayResult:
     """Replay ``trace``'s gradients through ``configs`` next to an FP32 reference.
 
@@ -136,8 +139,9 @@ def replay(
             pieces of large tensors in elementwise optimizer steps, are updated in parallel
             (numpy releases the GIL); the result does not depend on the number of threads.
         backend: where the hot loops run, ``"auto"``, ``"numpy"`` or ``"compiled"``
-            (:meth:`fpsim.Backend.resolve`); the same result on each, up to the summation order
-            of the float64 statistics.
+            (:meth:`fpsim.Backend.resolve`; ``"auto"`` replays fewer than
+            :data:`fpsim._compiled.COMPILED_FROM` gradient elements, steps times tensors, on
+            numpy); the same result on each, up to the summation order of the float64 statistics.
         sqrt: the square root of Adam's denominator, ``"ieee"`` (correctly rounded) or
             ``"torch"`` (torch's CPU sqrt: the parameters of torch.optim on this machine), see
             :class:`fpsim.replay.optim.Sqrt`; None keeps the optimizer's own. The compiled and fused
@@ -154,19 +158,26 @@ def replay(
             background job) stays ignored.
         first_update: the update count of the first replayed step (default: the trace's
             recorded count, else its step number); the other steps keep their distance to it.
+        start: where the initial parameters and states come from instead of the first
+            replayed step: a trace or checkpoint (anything :func:`fpsim.trace.as_trace` opens,
+            e.g. a Trainer's ``checkpoint-N`` folder), its only step or its step numbered as
+            the first replayed one, whose update count (where both have one) must be the
+            first replayed step's. Sequence mode only.
 
     Raises:
         ValueError: an unknown configuration, step, tensor, backend, sqrt or mode; a negative
             or non-finite lr; update
             counts below 1 or (sequence) with gaps; a missing parameter or state, or a state
             the optimizer does not use; a gradient of the wrong shape; or a step without a
-            recorded lr when ``lr`` is None. Each message names the steps and tensors.
+            recorded lr when ``lr`` is None; a ``start`` that does not fit the first replayed
+            step. Each message names the steps and tensors.
     """
     from concurrent.futures import ThreadPoolExecutor
 
     from tqdm.auto import tqdm
 
-    backend = Backend.resolve(backend)
+    requested = backend
+    Backend.resolve(backend, elements=0)  # a bad name fails before the trace is read ("auto": below)
     mode = Mode.resolve(mode)
     if lr is not None and (
         isinstance(lr, bool) or not isinstance(lr, (int, float)) or not 0 <= lr < math.inf
@@ -179,6 +190,10 @@ def replay(
     cfgs = resolve_configs(configs)
     plan = plan_updates(tr, select_steps(tr, steps), mode, first_update)
     names = _tensor_names(tr, plan[0].step, tensors)
+    backend = Backend.resolve(
+        requested, elements=len(plan) * sum(tr.entry(plan[0].step, n).size for n in names)
+    )
+    origin = None if start is None else _origin(as_trace(start), plan[0], mode)
     runs_of = [plan] if mode is Mode.SEQUENCE else [[p] for p in plan if not p.skipped]
     steps_run = [p.step for p in plan] if mode is Mode.SEQUENCE else [g[0].step for g in runs_of]
     result = ReplayResult(str(tr.path), cfgs, steps_run, mode=mode.value)
@@ -191,7 +206,7 @@ def replay(
     try:
         with _deferred_sigint(env.stop, keep_on_interrupt):
             for group in runs_of:
-                done += _run_updates(tr, group, names, lr, cfgs, result, env, bar)
+                done += _run_updates(tr, group, names, lr, cfgs, result, env, bar, origin)
                 if env.stop[0]:
                     break
     finally:
@@ -232,10 +247,13 @@ def _deferred_sigint(stop: list[bool], enabled: bool):
         signal.signal(signal.SIGINT, previous)
 
 
-def _run_updates(tr, plan: list[Planned], names, lr, cfgs, result: ReplayResult, env: _Env, bar) -> list[int]:
-    """Consecutive updates ``plan`` from the recorded values at its first step, into ``result``;
-    returns the steps done (all of them, unless ``env.stop`` ended the run after one)."""
-    params, ref_states = _initial_values(tr, plan[0], names, env.optimizer)
+def _run_updates(
+    tr, plan: list[Planned], names, lr, cfgs, result: ReplayResult, env: _Env, bar, origin=None
+) -> list[int]:
+    """Consecutive updates ``plan`` from the recorded values at its first step (or at
+    ``origin``, a trace and its step), into ``result``; returns the steps done (all of them,
+    unless ``env.stop`` ended the run after one)."""
+    params, ref_states = _initial_values(tr, plan[0], names, env.optimizer, origin)
     result.sizes = {n: int(params[n].size) for n in names}
     runs = [_start(c, params, ref_states, env) for c in cfgs]
     for run in runs:
@@ -265,15 +283,45 @@ def _tensor_names(tr: Any, first: int, tensors: Iterable[str] | None) -> list[st
     return [n for n in names if any(n == p or fnmatch.fnmatchcase(n, p) for p in patterns)]
 
 
-def _initial_values(tr: Any, first: Planned, names: list[str], optimizer: Optimizer) -> tuple[dict, dict]:
-    """The recorded parameters and states at the first replayed step (states at zero only where
-    the optimizer has none yet, update 1).
+def _origin(start: Any, first: Planned, mode: Mode) -> tuple[Any, int]:
+    """The trace and step of ``replay(start=...)`` (see there).
+
+    Raises:
+        ValueError: mode ``each``, no step to start from, or one of another update count.
+    """
+    if mode is not Mode.SEQUENCE:
+        raise ValueError(
+            "start= gives the values of one sequence replay; mode='each' starts each step from its own"
+        )
+    if len(start.steps) == 1:
+        step = start.steps[0]
+    elif first.step in start.steps:
+        step = first.step
+    else:
+        raise ValueError(
+            f"{start.path}: start= needs one step, or the first replayed step {first.step}; has {start.steps}"
+        )
+    update = start.update(step)
+    if update is not None and update != first.t:
+        raise ValueError(
+            f"{start.path}: step {step} holds the values before update {update}, but the first replayed step "
+            f"{first.step} is update {first.t}: start from the checkpoint saved just before that step"
+        )
+    return start, step
+
+
+def _initial_values(
+    tr: Any, first: Planned, names: list[str], optimizer: Optimizer, origin: tuple[Any, int] | None = None
+) -> tuple[dict, dict]:
+    """The recorded parameters and states at the first replayed step, or at ``origin`` (a trace
+    and its step); states at zero only where the optimizer has none yet, update 1.
 
     Raises:
         ValueError: a missing parameter or state, or a recorded state the optimizer does not use.
     """
-    step, where = first.step, f"{tr.path}: step {first.step} (update {first.t})"
-    recorded = {e.role[len("state.") :] for e in tr.entries(step) if e.role.startswith("state.")}
+    src, step = origin or (tr, first.step)
+    where = f"{src.path}: step {step} (update {first.t})"
+    recorded = {e.role[len("state.") :] for e in src.entries(step) if e.role.startswith("state.")}
     own = {st: st for st in optimizer.states} | optimizer.other_names
     unused = sorted(recorded - set(own))
     if unused:
@@ -289,13 +337,13 @@ def _initial_values(tr: Any, first: Planned, names: list[str], optimizer: Optimi
     params, ref_states = {}, {}
     no_param, no_state = [], []
     for name in names:
-        shape = tr.entry(step, name, "grad").shape
-        params[name] = _recorded(tr, step, name, "param", shape, no_param)
+        shape = tr.entry(first.step, name, "grad").shape
+        params[name] = _recorded(src, step, name, "param", shape, no_param)
         ref_states[name] = {}
         for st in optimizer.states:
             role = f"state.{role_of.get(st, st)}"
             need = optimizer.needs_states(first.t)
-            ref_states[name][st] = _recorded(tr, step, name, role, shape, no_state if need else None)
+            ref_states[name][st] = _recorded(src, step, name, role, shape, no_state if need else None)
     if no_param:
         raise ValueError(
             f"{where} has no recorded parameter for tensors {no_param[:5]}: the replay starts from the "

@@ -138,10 +138,18 @@ class ReplayResult:
             write_safetensors(paths[config], self.final_state(config), meta)
         return paths
 
+    COLUMNS = ("step", "tensor", "config", "metric", "value")
+    """The columns of :meth:`rows` and :meth:`table`."""
+
     def table(self):
-        """Tidy DataFrame: step, tensor, config, metric, value."""
+        """Tidy DataFrame of :meth:`rows`: step, tensor, config, metric, value."""
         import pandas as pd
 
+        return pd.DataFrame(self.rows(), columns=list(self.COLUMNS))
+
+    def rows(self) -> list[tuple]:
+        """The tidy rows, one per step x tensor x configuration x metric, in :attr:`COLUMNS`
+        order (replay.csv, without pandas)."""
         rows = []
         for (step, tensor), sq in sorted(self.grad_sq.items()):
             rows.append((step, tensor, "reference", "grad_norm", math.sqrt(sq)))
@@ -156,7 +164,7 @@ class ReplayResult:
         for (step, cfg), scale in sorted(self.scale.items()):
             rows.append((step, "*", cfg, "loss_scale", scale))
             rows.append((step, "*", cfg, "skipped", float(self.skipped[step, cfg])))
-        return pd.DataFrame(rows, columns=["step", "tensor", "config", "metric", "value"])
+        return rows
 
     def per_step(self, config: str) -> list[dict[str, float]]:
         """Metrics over all tensors, one dict per step."""

@@ -83,11 +83,11 @@ def quantize(x: np.ndarray, fmt: Format, mode: RoundMode, backend: Backend, seed
         stochastic = mode is RoundMode.STOCHASTIC
         nan = _compiled.load().bf16_round(flat[0], stochastic, mix, 0, out.reshape(-1)) > 0
     else:
-        return emulate.quantize(x, fmt, rounding=mode, **_random_bits(x, mode, seed))
+        return emulate.quantize(x, fmt, rounding=mode, backend=backend, **_random_bits(x, mode, seed))
     if nan:  # (the stochastic words are drawn for all of x: the NaNs keep their own)
         where = np.isnan(x)
         kw = {k: v[where] for k, v in _random_bits(x, mode, seed).items()}
-        out[where] = emulate.quantize(x[where], fmt, rounding=mode, **kw)
+        out[where] = emulate.quantize(x[where], fmt, rounding=mode, backend=backend, **kw)
     return out
 
 
@@ -116,8 +116,8 @@ def round_master(
         if fmt.name == "float32":  # rounding float32 to float32 is exact in every mode
             return p_f32, comp
         return quantize(p_f32, fmt, mode, backend, seed), comp
-    kw: dict[str, Any] = {"rounding": mode, **_random_bits(p_f32, mode, seed)}
+    kw: dict[str, Any] = {"rounding": mode, "backend": backend, **_random_bits(p_f32, mode, seed)}
     # Kahan: y = update + carried error; new = fl(p + y); error = y - (new - p), stored in fmt
     y = (p_f32.astype(np.float64) - p_old) + comp
     new = emulate.quantize(p_old.astype(np.float64) + y, fmt, **kw)
-    return new, emulate.quantize(y - (new.astype(np.float64) - p_old), fmt)
+    return new, emulate.quantize(y - (new.astype(np.float64) - p_old), fmt, backend=backend)

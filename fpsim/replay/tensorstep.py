@@ -69,7 +69,7 @@ def seen_grad(
     else:
         with np.errstate(over="ignore", invalid="ignore"):  # (a float64 scale may pass FLT_MAX: inf)
             scale = _F32(scaler.scale) if scaler is not None else _F32(1)
-            q = emulate.quantize(g * scale, fmt)
+            q = emulate.quantize(g * scale, fmt, backend=backend)
             if scaler is not None:
                 inf = not bool(np.isfinite(q).all())
                 return q * scaler.inv_scale, inf, delayed

@@ -17,6 +17,7 @@ import numpy as np
 
 from ..analysis.run import Analysis
 from ..formats import get_format
+from .csvfile import write_csv
 
 __all__ = ["summary_text", "write_report"]
 
@@ -78,21 +79,23 @@ def _fmt(spec: str, v: Any) -> str:
     return spec.format(v)
 
 
-def write_report(analysis: Analysis, out: str | Path) -> dict[str, Path]:
-    """Write metrics.csv, summary.json, report.md and the figures into ``out``."""
+def write_report(analysis: Analysis, out: str | Path, figures: bool = True) -> dict[str, Path]:
+    """Write metrics.csv, summary.json, report.md and (``figures``) the figures into ``out``
+    (without figures, matplotlib is not imported and report.md says how to draw them)."""
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    table = analysis.table()
     paths = {"csv": out / "metrics.csv", "json": out / "summary.json", "markdown": out / "report.md"}
-    table.to_csv(paths["csv"], index=False)
+    write_csv(paths["csv"], analysis.COLUMNS, analysis.rows())
     summary = analysis.summary()
     paths["json"].write_text(json.dumps(summary, indent=2) + "\n")
-    from .style import style
+    figs: dict[str, Path] = {}
+    if figures:
+        from .style import style
 
-    figs = {"histogram": out / "magnitudes.png", "underflow": out / "underflow_by_tensor.png"}
-    with style():
-        _save(magnitude_figure(analysis), figs["histogram"])
-        _save(underflow_figure(analysis), figs["underflow"])
+        figs = {"histogram": out / "magnitudes.png", "underflow": out / "underflow_by_tensor.png"}
+        with style():
+            _save(magnitude_figure(analysis), figs["histogram"])
+            _save(underflow_figure(analysis), figs["underflow"])
     paths.update(figs)
     paths["markdown"].write_text(_markdown(analysis, summary, figs))
     return paths
@@ -114,6 +117,8 @@ def _markdown(analysis: Analysis, summary: dict[str, Any], figs: dict[str, Path]
     ]
     for r in rows:
         lines.append("| " + " | ".join(_fmt(spec, r.get(key)) for key, _, spec in _COLUMNS) + " |")
+    if not figs:
+        return "\n".join([*lines, "", "(Figures not drawn: `fpsim analyze --figures` draws them.)", ""])
     lines += [
         "",
         "## Magnitudes against each format's range",

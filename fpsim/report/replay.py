@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from ..replay import ReplayResult, memory_table
+from .csvfile import write_csv
 
 __all__ = ["divergence_figure", "replay_text", "write_replay_report"]
 
@@ -65,12 +66,9 @@ def divergence_figure(result: ReplayResult, title: str | None = None):
     return fig
 
 
-def write_replay_report(result: ReplayResult, out: str | Path) -> dict[str, Path]:
-    """replay.csv (tidy per step x tensor x config), summary.json, memory.csv, report.md, curves."""
-    import pandas as pd
-
-    from .style import style
-
+def write_replay_report(result: ReplayResult, out: str | Path, figures: bool = True) -> dict[str, Path]:
+    """replay.csv (tidy per step x tensor x config), summary.json, memory.csv, report.md and
+    (``figures``) the curves, divergence.png (without, matplotlib is not imported)."""
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     paths = {
@@ -78,15 +76,18 @@ def write_replay_report(result: ReplayResult, out: str | Path) -> dict[str, Path
         "json": out / "summary.json",
         "memory": out / "memory.csv",
         "markdown": out / "report.md",
-        "figure": out / "divergence.png",
     }
-    result.table().to_csv(paths["csv"], index=False)
+    write_csv(paths["csv"], result.COLUMNS, result.rows())
     summary = result.summary()
     paths["json"].write_text(json.dumps(summary, indent=2) + "\n")
-    mem = pd.DataFrame(memory_table(result.configs, result.sizes))
-    mem.to_csv(paths["memory"], index=False)
-    with style():
-        divergence_figure(result).savefig(paths["figure"])
+    mem = memory_table(result.configs, result.sizes)
+    write_csv(paths["memory"], list(mem[0]), [list(r.values()) for r in mem])
+    if figures:
+        from .style import style
+
+        paths["figure"] = out / "divergence.png"
+        with style():
+            divergence_figure(result).savefig(paths["figure"])
     heads = [h for _, h, _ in _COLS]
     lines = [
         "# fpsim replay",
@@ -105,18 +106,18 @@ def write_replay_report(result: ReplayResult, out: str | Path) -> dict[str, Path
         "",
         "## Divergence",
         "",
-        f"![divergence]({paths['figure'].name})",
+        f"![divergence]({paths['figure'].name})" if figures else "(Not drawn: `fpsim replay --figures`.)",
         "",
     ]
     paths["markdown"].write_text("\n".join(lines))
     return paths
 
 
-def _memory_markdown(mem) -> str:
+def _memory_markdown(mem: list[dict[str, Any]]) -> str:
     """The memory table (one row per configuration) as a Markdown table: numbers to 3 decimals."""
     from .style import markdown_table
 
     def cell(v: Any) -> str:
         return f"{v:.3f}" if isinstance(v, float) else str(v)
 
-    return markdown_table(list(mem.columns), [[cell(v) for v in row] for row in mem.itertuples(index=False)])
+    return markdown_table(list(mem[0]), [[cell(v) for v in row.values()] for row in mem])

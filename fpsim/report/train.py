@@ -12,25 +12,32 @@ REFERENCE = "fp32"
 
 
 def ab_text(summary: dict[str, Any]) -> str:
-    """The table of :meth:`fpsim.train.ab.ABResult.summary`: final and best loss, first
-    non-finite step, bytes of optimizer state per parameter."""
+    """The table of :meth:`fpsim.train.ab.ABResult.summary`: final and best loss, held-out
+    accuracy (where measured), first non-finite step, bytes of optimizer state per parameter."""
     from .style import text_table
 
     def loss(v: Any) -> str:
         return "-" if v is None else f"{v:.4g}"
 
+    accuracy = any("accuracy" in r for r in summary["results"])
     rows = [
         [
             r["config"],
             loss(r["final_loss"]),
             loss(r["best_loss"]),
+            *([_percent(r.get("accuracy"))] if accuracy else []),
             "-" if r["first_nonfinite_step"] is None else str(r["first_nonfinite_step"]),
             f"{r['state_bytes_per_param']:.3f}",
         ]
         for r in summary["results"]
     ]
-    heads = ["config", "final loss", "best loss", "first non-finite step", "state bytes/param"]
+    heads = ["config", "final loss", "best loss", *(["held-out accuracy"] if accuracy else [])]
+    heads += ["first non-finite step", "state bytes/param"]
     return f"{summary['parameters']:,} parameters\n" + text_table(heads, rows)
+
+
+def _percent(value: float | None) -> str:
+    return "-" if value is None else f"{100 * value:.1f}%"
 
 
 def plot_ab(frame: Any, title: str = "") -> Any:

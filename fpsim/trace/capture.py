@@ -49,6 +49,7 @@ from .capture_async import AsyncTraceWriter, StepSnapshot, cuda_events, snapshot
 from .convert import is_torch_tensor
 from .errors import add_note, write_failure_note
 from .schedule import CaptureSchedule
+from .wrappers import torch_optimizer
 from .writer import TraceWriter, check_next_step, check_resume_from, check_update
 
 __all__ = ["TorchCapture"]
@@ -189,6 +190,8 @@ class TorchCapture:
             raise ValueError(f"every must be a positive int, got {every!r}")
         if not isinstance(model, torch.nn.Module):
             raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
+        if optimizer is not None:  # accelerate's, Lightning's, a scheduler: the optimizer inside
+            optimizer = torch_optimizer(optimizer, model)
         if operands not in (False, True, "stats"):
             raise ValueError(f"operands= must be False, True or 'stats', got {operands!r}")
         resume_from = check_resume_from(resume_from)

@@ -25,8 +25,12 @@ parameters first); the model names them. The integer ids are mapped to names:
 1. by the ``param_names`` the optimizer stored in its groups (torch >= 2.6 optimizers built
    from ``model.named_parameters()``); else
 2. by ``param_names=`` given here: the names in ``param_groups`` order, one list for all
-   groups or a list per group; else
-3. with one parameter group only and a state dict loaded with torch (not safetensors, whose
+   groups or a list per group (each group's count checked); else
+3. in a Trainer checkpoint folder with a ``config.json``, when transformers is installed: by
+   the model rebuilt from the config on the meta device (no weights allocated), its
+   ``named_parameters()`` order for one group, and for two the Trainer's own grouping below
+   (``Trainer.get_decay_parameter_names`` of the installed transformers); else
+4. with one parameter group only and a state dict loaded with torch (not safetensors, whose
    header is sorted by name), by the order of the model state dict's float tensors,
    which is ``model.named_parameters()`` order when the optimizer was built from
    ``model.parameters()`` and the model has no float buffers.
@@ -39,7 +43,8 @@ A Trainer builds two groups (weight decay, then none); its order is::
 
 Whatever the way, every state tensor must have the shape of the parameter it is mapped to
 and every id must be mapped, or :class:`~fpsim.trace.TraceError` says what is missing (a
-model with buffers, or a Trainer's two groups (weight decay / none), needs ``param_names``).
+model with buffers, or a Trainer's two groups (weight decay / none) without transformers or
+a ``config.json``, needs ``param_names``).
 
 The trace's one step gets ``update`` = the optimizer's largest ``step`` count + 1 (the
 update the next gradients would feed), its ``lr`` from ``param_groups[0]``.
@@ -166,7 +171,62 @@ def _open_trainer(folder: Path, param_names: Any, step: int | None) -> Trace:
     opt = _load(opt_file)
     if not _is_optimizer_state(opt):
         raise TraceError(f"{opt_file}: not an optimizer state dict (no 'state' and 'param_groups')")
-    return _trace(folder, model, wfile, opt, opt_file, param_names, step, recorded, loss, [])
+    groups = opt["param_groups"]
+    stored = isinstance(groups, list) and all(isinstance(g, Mapping) and "param_names" in g for g in groups)
+    how = "param_names="
+    if param_names is None and not stored and (folder / "config.json").is_file():
+        param_names = _trainer_param_names(folder, len(groups) if isinstance(groups, list) else 0)
+        how = "the names rebuilt from config.json (the Trainer's grouping)"
+    return _trace(folder, model, wfile, opt, opt_file, param_names, step, recorded, loss, [], how)
+
+
+def _trainer_param_names(folder: Path, groups: int) -> list[list[str]] | None:
+    """The parameter names of a Trainer checkpoint's optimizer groups, from its ``config.json``.
+
+    The model is built from the config with transformers on the meta device (no weights are
+    read or allocated); with one group the names are ``named_parameters()`` order, with two
+    the Trainer's own grouping (``Trainer.get_decay_parameter_names``: the decay group first,
+    then the rest, each in ``named_parameters()`` order, trainable parameters only). None
+    (the caller then asks for ``param_names=``) without transformers or with another number
+    of groups.
+
+    Raises:
+        TraceError: a config transformers cannot read, or one naming no transformers model.
+    """
+    if groups not in (1, 2):
+        return None
+    try:
+        import transformers
+    except ImportError:
+        return None
+    import torch
+
+    config_file = folder / "config.json"
+    try:
+        config = transformers.AutoConfig.from_pretrained(str(folder), local_files_only=True)
+    except Exception as e:  # transformers raises several types for a bad config
+        raise TraceError(f"{config_file}: transformers cannot read it: {type(e).__name__}: {e}") from e
+    archs = getattr(config, "architectures", None) or []
+    cls = getattr(transformers, archs[0], None) if archs else None
+    if not isinstance(cls, type) or not issubclass(cls, torch.nn.Module):
+        raise TraceError(
+            f"{config_file}: 'architectures' {archs} names no transformers model class to rebuild the "
+            "parameter order from: pass param_names= (the parameter names in param_groups order)"
+        )
+    try:
+        with torch.device("meta"):
+            model = cls(config)
+    except Exception as e:  # whatever the model's constructor raises
+        raise TraceError(
+            f"{config_file}: transformers cannot build {archs[0]} from it ({type(e).__name__}: {e}): pass "
+            "param_names= (the parameter names in param_groups order)"
+        ) from e
+    named = [n for n, p in model.named_parameters() if p.requires_grad]
+    if groups == 1:
+        return [named]
+    trainer = transformers.Trainer.__new__(transformers.Trainer)  # the rule needs no Trainer state
+    decay = set(trainer.get_decay_parameter_names(model))
+    return [[n for n in named if n in decay], [n for n in named if n not in decay]]
 
 
 def _trace(
@@ -180,6 +240,7 @@ def _trace(
     recorded: int | None,
     loss: float | None,
     skipped: list[str],
+    names_from: str = "param_names=",
 ) -> Trace:
     if step is None:
         step = 0 if recorded is None else recorded
@@ -196,7 +257,7 @@ def _trace(
     groups = opt["param_groups"]
     if not isinstance(groups, list) or not all(isinstance(g, Mapping) and "params" in g for g in groups):
         raise TraceError(f"{opt_file}: 'param_groups' must be a list of dicts with 'params'")
-    names = _names(opt_file, groups, opt["state"], param_names, floats, shapes)
+    names = _names(opt_file, groups, opt["state"], param_names, floats, shapes, names_from)
     record = StepRecord(step, loss, _lr(groups))
     for name in shapes:
         record.entries.append(
@@ -244,6 +305,7 @@ def _names(
     given: Any,
     floats: list[str] | None,
     shapes: Mapping[str, tuple],
+    given_how: str = "param_names=",
 ) -> dict[Any, str]:
     """Optimizer parameter id -> model parameter name (see the module docstring)."""
     ids = [pid for g in groups for pid in g["params"]]
@@ -253,8 +315,13 @@ def _names(
         how = "the optimizer's param_names"
     elif given is not None:
         given = list(given)
-        order = [n for s in given for n in s] if given and not isinstance(given[0], str) else given
-        how = "param_names="
+        how = given_how
+        order = given
+        if given and not isinstance(given[0], str):  # a list per group: each group's count must fit
+            order = [n for s in given for n in s]
+            counts, want = [len(s) for s in given], [len(g["params"]) for g in groups]
+            if counts != want:
+                raise TraceError(f"{file}: {how} gives {counts} names per group for groups of {want}")
     elif len(groups) == 1 and floats is not None:
         order = floats
         how = "the model state dict's float tensors (one parameter group)"

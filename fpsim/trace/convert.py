@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from typing import Any
 
-import ml_dtypes
 import numpy as np
 
 __all__ = ["is_torch_tensor", "to_numpy"]
@@ -39,6 +38,8 @@ def torch_to_numpy(t: Any) -> np.ndarray:
     name = str(t.dtype).removeprefix("torch.")
     view = _TORCH_VIEWS.get(name)
     if view is not None:
+        import ml_dtypes  # only for the types numpy lacks (its import is slow)
+
         return t.view(getattr(torch, view[0])).numpy().view(getattr(ml_dtypes, view[1]))
     try:
         return t.numpy()

@@ -31,7 +31,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import ml_dtypes
 import numpy as np
 
 from .errors import TraceError
@@ -79,8 +78,21 @@ FLOAT_DTYPES = frozenset(
 _MAX_HEADER = 100 * 1024 * 1024
 
 
+_NUMPY_NAMES = frozenset(DTYPE_CODES.values()) - {
+    "bfloat16",
+    "float8_e4m3fn",
+    "float8_e5m2",
+    "float8_e8m0fnu",
+}
+
+
 def numpy_dtype(name: str) -> np.dtype:
-    """The numpy dtype for a dtype name of :data:`DTYPE_CODES` (ml_dtypes for the small floats)."""
+    """The numpy dtype for a dtype name of :data:`DTYPE_CODES` (ml_dtypes for the small floats,
+    imported only for them: its import costs more than a small trace's analysis)."""
+    if name in _NUMPY_NAMES:
+        return np.dtype(name)
+    import ml_dtypes
+
     if hasattr(ml_dtypes, name):
         return np.dtype(getattr(ml_dtypes, name))
     return np.dtype(name)

@@ -9,11 +9,14 @@
 
 :class:`TraceCallback` follows the ``transformers.TrainerCallback`` protocol without
 importing transformers: the Trainer calls ``on_<event>(args, state, control, **kwargs)`` on
-every callback, with ``model`` and ``optimizer`` among the keyword arguments. The capture
-is made at ``on_train_begin`` (``total_steps`` = ``state.max_steps``, ``first_step`` =
-``state.global_step``, so a resumed run appends) and steps at ``on_pre_optimizer_step``
-(the Trainer calls it after the backward passes of a step, before ``optimizer.step()``
-and ``zero_grad()``, so the gradients are still there): the recorded step number is
+every callback, with ``model`` and ``optimizer`` among the keyword arguments (the optimizer
+as accelerate's ``AcceleratedOptimizer``, whose inner ``torch.optim.Optimizer`` the capture
+takes: :mod:`fpsim.trace.wrappers`). The capture is made at ``on_train_begin``
+(``total_steps`` = ``state.max_steps``, ``first_step`` = ``state.global_step``, so a
+resumed run appends) and steps at ``on_pre_optimizer_step``
+(the Trainer calls it after the backward passes of a step, gradient accumulation and
+``max_grad_norm`` clipping, before ``optimizer.step()`` and ``zero_grad()``, so the gradients
+are those the optimizer uses; tests/trace/test_hf_trainer.py): the recorded step number is
 ``state.global_step``, the updates done before this one. ``on_train_end`` closes the capture
 (waiting for the writer). A Trainer without ``on_pre_optimizer_step`` (transformers before
 4.41) zeroes the gradients before ``on_step_end``: the callback then raises an error instead

@@ -6,19 +6,24 @@ models of ``fpsim ab`` (:data:`MODELS`).
 parameters (the first model's, copied into each) and on the same batches (the first ``steps``
 items of ``batches``, kept in memory), and returns the loss of every step and per
 configuration the final and best loss, the first step whose loss is not finite (the run stops
-there) and the bytes of optimizer state per parameter, measured on the tensors the optimizer
-holds (codes, scales and FP32 states; the step counters excluded).
+there), the bytes of optimizer state per parameter, measured on the tensors the optimizer
+holds (codes, scales and FP32 states; the step counters excluded), and, given ``held_out``
+examples, the accuracy of the final model on them.
 
-The bundled models (``fpsim ab --model NAME``):
+The bundled models (``fpsim ab --model NAME``), each with its :class:`Data` (training
+examples, held-out examples and what they are, ``source``):
 
 - ``tiny-transformer``: the model and data of the bundled sample trace
   (:mod:`fpsim.trace.sample`: 6,076 parameters, sequences of 12 tokens, 4 classes), batches
-  of 64 drawn with ``numpy.random.default_rng(seed)``.
-- ``digits-mlp``: an MLP 64-128-128-10 on 8x8 images of the digits 0-9. No package the test
-  extra installs ships a digits data set (scikit-learn's ``load_digits`` is not installed), so
-  the images are synthesized deterministically by :func:`digits`: a 5x7 bitmap glyph per digit,
-  shifted (up to one row, up to three columns), stroke intensity and noise drawn from the seed,
-  clipped to the UCI digits' 0..16 scale and divided by 16; 2048 images, batches of 64.
+  of 64 drawn with ``numpy.random.default_rng(seed + 1)``; held out: 512 sequences of the
+  data set of ``seed + 1``.
+- ``digits-mlp``: an MLP 64-128-128-10 on 8x8 images of the digits 0-9, batches of 64
+  (:func:`digits_data`). With scikit-learn installed, the real UCI digits (:func:`uci_digits`:
+  ``load_digits``, 1,797 images shipped with scikit-learn, no download), 360 of them (a
+  permutation drawn from the seed) held out; without it, images synthesized deterministically
+  by :func:`digits`: a 5x7 bitmap glyph per digit, shifted (up to one row, up to three
+  columns), stroke intensity and noise drawn from the seed, clipped to the UCI digits' 0..16
+  scale and divided by 16; 2048 images, and 512 more from ``seed + 1`` held out.
 """
 
 from __future__ import annotations
@@ -34,7 +39,17 @@ import numpy as np
 from ..replay.config import ReplayConfig
 from ._core import resolve_config
 
-__all__ = ["ABResult", "MODELS", "BundledModel", "digits", "run_ab", "state_bytes"]
+__all__ = [
+    "ABResult",
+    "MODELS",
+    "BundledModel",
+    "Data",
+    "digits",
+    "digits_data",
+    "run_ab",
+    "state_bytes",
+    "uci_digits",
+]
 
 _GLYPHS = (
     "01110 10001 10011 10101 11001 10001 01110",  # 0
@@ -65,27 +80,73 @@ def digits(seed: int = 0, n: int = 2048) -> tuple[np.ndarray, np.ndarray]:
     return (np.clip(images, 0, 16) / np.float32(16)).reshape(n, 64), labels.astype(np.int64)
 
 
+UCI_HELD_OUT = 360
+"""The UCI digits held out from training (a fifth of 1,797), chosen by a permutation of the seed."""
+
+
+def uci_digits() -> tuple[np.ndarray, np.ndarray] | None:
+    """The real UCI digits from scikit-learn (``sklearn.datasets.load_digits``: 1,797 images of
+    8x8 pixels in 0..16, shipped with the package): float32 images ``(1797, 64)`` divided by 16
+    and int64 labels, or None when scikit-learn is not installed."""
+    try:
+        from sklearn.datasets import load_digits
+    except ImportError:
+        return None
+    bunch = load_digits()
+    return (bunch.data / 16).astype(np.float32), bunch.target.astype(np.int64)
+
+
+@dataclass(frozen=True)
+class Data:
+    """A bundled model's examples: training ``(x, y)``, held-out ``(test_x, test_y)`` (numpy),
+    and ``source``, what they are (printed by ``fpsim ab``)."""
+
+    source: str
+    x: np.ndarray
+    y: np.ndarray
+    test_x: np.ndarray
+    test_y: np.ndarray
+
+    def batches(self, seed: int, steps: int, size: int) -> list:
+        """``steps`` batches of ``size`` training examples drawn with
+        ``numpy.random.default_rng(seed + 1)``, as torch tensors."""
+        import torch
+
+        rng = np.random.default_rng(seed + 1)
+        idx = [rng.integers(0, len(self.y), size) for _ in range(steps)]
+        return [(torch.from_numpy(self.x[i]), torch.from_numpy(self.y[i])) for i in idx]
+
+    def held_out(self) -> tuple[Any, Any]:
+        """The held-out examples as torch tensors."""
+        import torch
+
+        return torch.from_numpy(self.test_x), torch.from_numpy(self.test_y)
+
+
 @dataclass(frozen=True)
 class BundledModel:
-    """A model of ``fpsim ab``: ``build()`` makes it (call after seeding torch),
-    ``batches(seed, steps)`` gives its training batches, ``lr`` its default learning rate."""
+    """A model of ``fpsim ab``: ``build()`` makes it (call after seeding torch), ``data(seed)``
+    gives its :class:`Data`, ``lr`` is its default learning rate, ``batch`` its batch size."""
 
     name: str
     description: str
     build: Callable[[], Any]
-    batches: Callable[[int, int], list]
+    data: Callable[[int], Data]
     lr: float
+    batch: int = 64
+
+    def batches(self, seed: int, steps: int) -> list:
+        """The first ``steps`` training batches of ``data(seed)``."""
+        return self.data(seed).batches(seed, steps, self.batch)
 
 
-def _transformer_batches(seed: int, steps: int) -> list:
-    import torch
-
-    from ..trace.sample import BATCH, make_data
+def _transformer_data(seed: int) -> Data:
+    from ..trace.sample import make_data
 
     tokens, labels = make_data(seed)
-    rng = np.random.default_rng(seed + 1)
-    idx = [rng.integers(0, len(labels), BATCH) for _ in range(steps)]
-    return [(torch.from_numpy(tokens[i]), torch.from_numpy(labels[i])) for i in idx]
+    test_tokens, test_labels = make_data(seed + 1)
+    source = f"the sample trace's synthetic token groups (seed {seed}; 512 of seed {seed + 1} held out)"
+    return Data(source, tokens, labels, test_tokens[:512], test_labels[:512])
 
 
 def _build_transformer() -> Any:
@@ -94,13 +155,28 @@ def _build_transformer() -> Any:
     return _build_model()
 
 
-def _digits_batches(seed: int, steps: int) -> list:
-    import torch
+def digits_data(seed: int = 0, uci: bool | None = None) -> Data:
+    """The data of ``digits-mlp`` (module docstring): the real UCI digits (``uci=True``), the
+    synthetic glyphs of :func:`digits` (``uci=False``), or (None, the default) the UCI digits
+    where scikit-learn is installed, else the glyphs. ``source`` says which.
 
-    x, y = digits(seed)
-    rng = np.random.default_rng(seed + 1)
-    idx = [rng.integers(0, len(y), 64) for _ in range(steps)]
-    return [(torch.from_numpy(x[i]), torch.from_numpy(y[i])) for i in idx]
+    Raises:
+        ImportError: ``uci=True`` without scikit-learn.
+    """
+    real = uci_digits() if uci is not False else None
+    if real is None and uci:
+        raise ImportError("the UCI digits come with scikit-learn: pip install scikit-learn", name="sklearn")
+    if real is None:
+        x, y = digits(seed)
+        test_x, test_y = digits(seed + 1, n=512)
+        why = "" if uci is False else "; scikit-learn is not installed"
+        source = f"synthetic 8x8 glyphs (fpsim.train.ab.digits, seed {seed}{why})"
+        return Data(source, x, y, test_x, test_y)
+    x, y = real
+    order = np.random.default_rng(seed).permutation(len(y))
+    test, train = order[:UCI_HELD_OUT], order[UCI_HELD_OUT:]
+    source = f"UCI digits (scikit-learn load_digits): {len(train):,} training images, {len(test)} held out"
+    return Data(source, x[train], y[train], x[test], y[test])
 
 
 def _build_mlp() -> Any:
@@ -116,14 +192,15 @@ MODELS: dict[str, BundledModel] = {
             "tiny-transformer",
             "the sample trace's tiny transformer (6,076 parameters) on its synthetic token groups",
             _build_transformer,
-            _transformer_batches,
+            _transformer_data,
             3e-3,
         ),
         BundledModel(
             "digits-mlp",
-            "an MLP 64-128-128-10 (26,122 parameters) on synthetic 8x8 digits",
+            "an MLP 64-128-128-10 (26,122 parameters) on 8x8 digits (the UCI digits with scikit-learn, "
+            "else synthetic glyphs)",
             _build_mlp,
-            _digits_batches,
+            digits_data,
             3e-3,
         ),
     )
@@ -135,17 +212,20 @@ MODELS: dict[str, BundledModel] = {
 class ABResult:
     """What :func:`run_ab` measured: ``losses[config]`` the loss of each step run (a run
     stops at its first non-finite loss), ``bytes_per_param[config]`` the measured optimizer
-    state, ``parameters`` the model's parameter count."""
+    state, ``parameters`` the model's parameter count, ``accuracy[config]`` the share of the
+    held-out examples the final model classifies right (None for a run that stopped at a
+    non-finite loss; empty without held-out examples)."""
 
     configs: list[str]
     parameters: int
     losses: dict[str, list[float]] = field(default_factory=dict)
     bytes_per_param: dict[str, float] = field(default_factory=dict)
+    accuracy: dict[str, float | None] = field(default_factory=dict)
 
     def summary(self) -> dict[str, Any]:
         """``{"parameters", "results": [{"config", "final_loss", "best_loss",
         "first_nonfinite_step", "state_bytes_per_param", "steps"}]}`` (non-finite losses as
-        None; steps are 1-based)."""
+        None; steps are 1-based), and in each result ``"accuracy"`` where it was measured."""
         rows = []
         for c in self.configs:
             ls = self.losses[c]
@@ -159,6 +239,7 @@ class ABResult:
                     "best_loss": min(finite) if finite else None,
                     "first_nonfinite_step": bad,
                     "state_bytes_per_param": self.bytes_per_param[c],
+                    **({"accuracy": self.accuracy[c]} if c in self.accuracy else {}),
                 }
             )
         return {"parameters": self.parameters, "results": rows}
@@ -189,6 +270,7 @@ def run_ab(
     loss_fn: Callable[[Any, Any], Any] = _cross_entropy,
     seed: int = 0,
     progress: bool = True,
+    held_out: tuple[Any, Any] | None = None,
     **optimizer_kwargs: Any,
 ) -> ABResult:
     """Train ``model_factory()`` under each configuration, from the same start and batches.
@@ -204,6 +286,9 @@ def run_ab(
             ``model(x)`` against ``y`` for ``batch = (x, y)``).
         seed: seeds torch before the model is built (and the stochastic master rounding).
         progress: show a progress bar (tqdm).
+        held_out: ``(x, y)`` tensors: after its last step, each run's model classifies ``x``
+            (the argmax of ``model(x)``, in eval mode, without gradients) and its
+            ``accuracy`` is the share equal to ``y``.
         optimizer_kwargs: further arguments of the optimizer (``weight_decay``, ``sqrt``, ...).
 
     Raises:
@@ -254,9 +339,24 @@ def run_ab(
                 opt.step()
             bar.update(steps - len(losses))
             result.bytes_per_param[cfg.name] = state_bytes(opt) / result.parameters
+            if held_out is not None:
+                finite = math.isfinite(losses[-1])
+                result.accuracy[cfg.name] = _accuracy(model, *held_out) if finite else None
     finally:
         bar.close()
     return result
+
+
+def _accuracy(model: Any, x: Any, y: Any) -> float:
+    import torch
+
+    training = model.training
+    model.eval()
+    try:
+        with torch.no_grad():
+            return float((model(x).argmax(-1) == y).double().mean())
+    finally:
+        model.train(training)
 
 
 def state_bytes(optimizer: Any) -> int:

@@ -121,6 +121,7 @@ def test_cli_writes_every_output_and_json_has_the_required_keys(tmp_path, capsys
             str(out),
             "--json",
             "--quiet",
+            "--figures",
         ]
     )
     assert code == 0

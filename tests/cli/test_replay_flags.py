@@ -105,3 +105,17 @@ def test_custom_config_flags_build_the_config_they_name(capsys, tmp_path):
     assert got == want
     assert main(["replay", "--master-override", "embed*", "--out", str(tmp_path), "--quiet"]) == 2
     assert "--master-override takes PATTERN=FORMAT" in capsys.readouterr().err
+
+
+def test_start_takes_the_first_values_from_another_trace(capsys, tmp_path):
+    """--start with a trace of many steps starts from its step numbered as the first replayed one
+    (here the same trace: the same replay); --mode each starts every step from its own values."""
+    from fpsim.trace import sample_trace_path
+
+    base = ["replay", "--optimizer", "adam", "--config", "bf16-master", "--steps", "199:200"]
+    base += ["--out", str(tmp_path)]
+    plain = _json(capsys, base)
+    started = _json(capsys, [*base, "--start", str(sample_trace_path())])
+    assert started["results"] == plain["results"]
+    assert main([*base, "--start", str(sample_trace_path()), "--mode", "each", "--quiet"]) == 2
+    assert "mode='each' starts each step from its own" in capsys.readouterr().err

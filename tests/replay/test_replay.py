@@ -239,6 +239,7 @@ def test_cli_replay_json_and_files(tmp_path, capsys):
             str(out),
             "--json",
             "--quiet",
+            "--figures",
         ]
     )
     assert code == 0
