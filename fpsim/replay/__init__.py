@@ -4,6 +4,7 @@
   the memory table.
 - :mod:`.schedule`: which updates a replay runs and their update counts (:class:`Mode`).
 - :mod:`.engine`: :func:`replay`, step by step.
+- :mod:`.interrupt`: Ctrl-C at a step boundary (an ignored SIGINT stays ignored).
 - :mod:`.stats`: the per-step statistics and their :class:`ReplayResult`.
 - :mod:`.tensorstep`: one configuration's update of one tensor, which :mod:`fpsim.train`'s
   optimizers call too.

@@ -43,12 +43,9 @@ step in :mod:`.fused`, one configuration's tensor-step (also the training optimi
 
 from __future__ import annotations
 
-import contextlib
 import fnmatch
 import math
 import os
-import signal
-import threading
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -60,6 +57,7 @@ from ..formats import Format, RoundMode
 from ..trace import as_trace
 from . import fused as _fused
 from .config import DEFAULT_CONFIGS, PRESETS, ReplayConfig, memory_table, resolve_configs
+from .interrupt import deferred_sigint
 from .lossscale import ScalerState
 from .optim import AdamW, Optimizer, Sqrt
 from .schedule import Mode, Planned, plan_updates, select_steps
@@ -204,7 +202,7 @@ def replay(
     bar = tqdm(total=len(plan) * len(names), disable=not progress, desc="replay", unit="tensor-step")
     done: list[int] = []
     try:
-        with _deferred_sigint(env.stop, keep_on_interrupt):
+        with deferred_sigint(env.stop, keep_on_interrupt):
             for group in runs_of:
                 done += _run_updates(tr, group, names, lr, cfgs, result, env, bar, origin)
                 if env.stop[0]:
@@ -219,32 +217,6 @@ def replay(
         )
         result.steps = [s for s in steps_run if s in set(done)]
     return result
-
-
-@contextlib.contextmanager
-def _deferred_sigint(stop: list[bool], enabled: bool):
-    """While active (``enabled``, in the main thread), Ctrl-C sets ``stop[0]`` instead of
-    raising, so that the replay ends at a step boundary with consistent values; the handler
-    that was there (Python's, ``SIG_DFL`` or another callable) is put back, the same object,
-    on the way out. No handler is installed where SIGINT is ignored (``SIG_IGN``: a job started
-    with ``nohup`` or ``&`` asked not to be interrupted, and no Ctrl-C can arrive) or where its
-    handler was set outside Python (``getsignal`` gives None: it could not be put back)."""
-    if not enabled or threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    before = signal.getsignal(signal.SIGINT)
-    if before is signal.SIG_IGN or before is None:
-        yield
-        return
-
-    def handler(signum, frame):
-        stop[0] = True
-
-    previous = signal.signal(signal.SIGINT, handler)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGINT, previous)
 
 
 def _run_updates(
