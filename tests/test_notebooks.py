@@ -104,6 +104,7 @@ def test_a_figure_renders_itself_as_png():
     assert png.startswith(b"\x89PNG\r\n\x1a\n") and len(png) > 1000
 
 
+@pytest.mark.dispatch  # .ci/run reruns these with the SIMD dispatch masked
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
 def test_notebook_runs_and_gives_its_stored_outputs(path, tmp_path):
     nbformat = pytest.importorskip("nbformat")

@@ -8,6 +8,8 @@ import pytest
 from fpsim.analysis import analyze
 from fpsim.analysis.metrics import measure
 
+pytestmark = pytest.mark.dispatch  # .ci/run reruns these with the SIMD dispatch masked
+
 RECIPES = ["bnb_dynamic8_block256", "bnb_dynamic8u_block256", "int8_block256", "float8_e4m3fn"]
 
 

@@ -21,6 +21,8 @@ from fpsim.analysis.partials import exact_sum
 from fpsim.formats import FORMATS, RECIPES, BlockFormat, RoundMode, get_format
 from fpsim.trace import TraceWriter
 
+pytestmark = pytest.mark.dispatch  # .ci/run reruns these with the SIMD dispatch masked
+
 _RNG = np.random.default_rng(7)
 _N = 2500
 # the NaN patterns of every kind among the random bit patterns (from 2500 on: the blocks

@@ -16,6 +16,8 @@ from fpsim._compiled import Backend
 from fpsim.emulate import element
 from fpsim.formats import FORMATS, RoundMode
 
+pytestmark = pytest.mark.dispatch  # .ci/run reruns these with the SIMD dispatch masked
+
 pytest.importorskip("numba")
 
 _RNG = np.random.default_rng(19)

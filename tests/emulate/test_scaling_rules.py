@@ -19,6 +19,8 @@ from oracles import scaling as R
 import fpsim
 from fpsim import BlockFormat, Codebook, ScaleRule, get_format
 
+pytestmark = pytest.mark.dispatch  # .ci/run reruns these with the SIMD dispatch masked
+
 torch = pytest.importorskip("torch")
 
 F32 = np.float32

@@ -18,6 +18,8 @@ from oracles import nan_patterns, with_nans
 from fpsim.formats import RECIPES, Codebook, ScaleRule
 from fpsim.formats.amax import amax_ignore_nan, amax_propagate_nan
 
+pytestmark = pytest.mark.dispatch  # .ci/run reruns these with the SIMD dispatch masked
+
 _UINT = {np.dtype(np.float32): np.uint32, np.dtype(np.float64): np.uint64}
 _QNAN = {np.dtype(np.float32): 0x7FC00000, np.dtype(np.float64): 0x7FF8000000000000}
 DTYPES = (np.float32, np.float64)

@@ -18,6 +18,8 @@ from fpsim.replay import fused as _fused
 from fpsim.replay.optim import SGD, Adam, AdamW
 from fpsim.replay.stats import _state_sums, _zero_counts
 
+pytestmark = pytest.mark.dispatch  # .ci/run reruns these with the SIMD dispatch masked
+
 pytest.importorskip("numba")
 
 COMPILED, NUMPY = Backend.COMPILED, Backend.NUMPY
