@@ -13,15 +13,14 @@ suite. The child compares its results with the parent's, bit for bit, and does f
 from __future__ import annotations
 
 import os
-import signal
 import sys
 import time
-import traceback
 from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
 import pytest
+from children import fork, wait
 
 import fpsim
 from fpsim.emulate import element
@@ -40,24 +39,10 @@ def _in_child(body: Callable[[], None], where: Path) -> None:
     """Run ``body()`` in a child forked now; fail with the child's traceback where it raises, or
     kill it and fail where it has not exited within :data:`TIMEOUT` seconds."""
     report = where / f"child-{time.monotonic_ns()}.txt"
-    pid = os.fork()
-    if pid == 0:  # pragma: no cover (the child: it leaves by os._exit, never through pytest)
-        code = 1
-        try:
-            body()
-            code = 0
-        except BaseException:
-            report.write_text(traceback.format_exc())
-        finally:
-            os._exit(code)
-    deadline = time.monotonic() + TIMEOUT
-    while (status := os.waitpid(pid, os.WNOHANG))[0] == 0:
-        if time.monotonic() > deadline:
-            os.kill(pid, signal.SIGKILL)
-            os.waitpid(pid, 0)
-            pytest.fail(f"the forked child hung: not done after {TIMEOUT:.0f} s (killed)")
-        time.sleep(0.01)
-    code = os.waitstatus_to_exitcode(status[1])
+    try:
+        code = wait(fork(body, report), TIMEOUT)
+    except TimeoutError:
+        pytest.fail(f"the forked child hung: not done after {TIMEOUT:.0f} s (killed)")
     assert code == 0, report.read_text() if report.exists() else f"the child exited with status {code}"
 
 

@@ -15,12 +15,12 @@ import signal
 import struct
 import sys
 import time
-import traceback
 import warnings
 import zipfile
 
 import numpy as np
 import pytest
+from children import fork, wait
 
 from fpsim.trace import TraceError, TraceWriter, open_trace
 
@@ -43,39 +43,6 @@ def _bounded():
     finally:
         signal.alarm(0)
         signal.signal(signal.SIGALRM, old)
-
-
-def _fork(body) -> int:
-    """Run ``body()`` in a forked child (modules already imported: no interpreter start-up);
-    the child exits 0 when it returns, 1 when it raises. Returns the child's pid."""
-    with warnings.catch_warnings():  # (JAX, if loaded, warns about fork; the child never uses it)
-        warnings.simplefilter("ignore", RuntimeWarning)
-        pid = os.fork()
-    if pid == 0:  # pragma: no cover (the child)
-        code = 1
-        try:
-            signal.alarm(0)
-            body()
-            code = 0
-        except BaseException:
-            traceback.print_exc()
-        finally:
-            os._exit(code)
-    return pid
-
-
-def _wait(pid: int, timeout: float = 20) -> int:
-    """The child's exit status (negative: killed by that signal)."""
-    deadline = time.monotonic() + timeout
-    while True:
-        done, status = os.waitpid(pid, os.WNOHANG)
-        if done:
-            return os.waitstatus_to_exitcode(status)
-        if time.monotonic() > deadline:
-            os.kill(pid, signal.SIGKILL)
-            os.waitpid(pid, 0)
-            raise TimeoutError(f"child {pid} did not finish within {timeout} s")
-        time.sleep(0.005)
 
 
 def _trace(path, steps=(0, 1, 2)):
@@ -415,7 +382,7 @@ def test_truncation_at_open_and_while_in_use_is_an_error_never_sigbus(tmp_path):
                 call()
             assert str(f) in str(info.value)
 
-    assert _wait(_fork(body)) == 0
+    assert wait(fork(body)) == 0
     _refused(path, "truncated|does not fit", f)
 
 
@@ -456,7 +423,7 @@ def test_writer_in_another_process_is_refused_naming_its_pid(tmp_path):
         w.write_step(0, {"grad": {"w": np.ones(2, np.float32)}})
         w.close()
 
-    pid = _fork(holder)
+    pid = fork(holder)
     try:
         assert os.read(ready_r, 1) == b"x"
         with pytest.raises(TraceError, match=f"pid {pid} ") as info:
@@ -464,7 +431,7 @@ def test_writer_in_another_process_is_refused_naming_its_pid(tmp_path):
         assert str(path) in str(info.value)
     finally:
         os.write(go_w, b"x")
-        status = _wait(pid)
+        status = wait(pid)
         for fd in (ready_r, ready_w, go_r, go_w):
             os.close(fd)
     assert status == 0
@@ -481,8 +448,8 @@ def test_stale_lock_of_a_dead_writer_is_recovered(tmp_path):
         w.write_step(0, {"grad": {"w": np.ones(2, np.float32)}})
         os.kill(os.getpid(), signal.SIGKILL)
 
-    pid = _fork(crash)
-    assert _wait(pid) == -signal.SIGKILL
+    pid = fork(crash)
+    assert wait(pid) == -signal.SIGKILL
     assert (path / ".fpsim_writer.lock").read_text().split()[0] == str(pid)  # left behind: a dead pid
     with TraceWriter(path) as w:
         assert w.steps == [0]
@@ -515,7 +482,7 @@ def test_sigkill_during_capture_leaves_exactly_the_completed_steps(tmp_path):
 
     done = 0
     for delay in (0.0, 0.002, 0.005, 0.01, 0.02, 0.03, 0.05, 0.08):
-        pid = _fork(capture)
+        pid = fork(capture)
         log, lines = path / "steps.jsonl", done + 1
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline:  # until the child has completed one more step
@@ -524,7 +491,7 @@ def test_sigkill_during_capture_leaves_exactly_the_completed_steps(tmp_path):
             time.sleep(0.001)
         time.sleep(delay)
         os.kill(pid, signal.SIGKILL)
-        assert _wait(pid) == -signal.SIGKILL
+        assert wait(pid) == -signal.SIGKILL
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", RuntimeWarning)  # an interrupted step is reported
             t = open_trace(path)

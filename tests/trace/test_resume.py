@@ -13,12 +13,12 @@ import subprocess
 import sys
 import textwrap
 import time
-import traceback
 import warnings
 from types import SimpleNamespace
 
 import numpy as np
 import pytest
+from children import fork, wait
 
 from fpsim.trace import TraceCallback, TraceWriter, capture_jax, open_trace
 
@@ -149,22 +149,6 @@ def test_capture_jax_and_the_trainer_callback_resume(tmp_path):
 # --- SIGKILL while the later steps are dropped ------------------------------------------------
 
 
-def _fork(body) -> int:
-    with warnings.catch_warnings():  # (JAX, if loaded, warns about fork; the child never uses it)
-        warnings.simplefilter("ignore", RuntimeWarning)
-        pid = os.fork()
-    if pid == 0:  # pragma: no cover (the child)
-        code = 1
-        try:
-            body()
-            code = 0
-        except BaseException:
-            traceback.print_exc()
-        finally:
-            os._exit(code)
-    return pid
-
-
 def _killed_at(point: str):
     """A child body that resumes from step 5 and SIGKILLs itself at ``point`` of the drop."""
 
@@ -198,9 +182,7 @@ def _killed_at(point: str):
 def test_sigkill_during_the_drop_leaves_the_old_or_the_new_trace(tmp_path, point):
     path = tmp_path / "t"
     _record(path, range(10))
-    pid = _fork(lambda: _killed_at(point)(path))
-    _, status = os.waitpid(pid, 0)
-    assert os.waitstatus_to_exitcode(status) == -signal.SIGKILL
+    assert wait(fork(lambda: _killed_at(point)(path))) == -signal.SIGKILL
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         if point == "before the rename":
