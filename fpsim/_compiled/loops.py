@@ -47,6 +47,8 @@ _CODEBOOK = int(StateKind.CODEBOOK)
 _INT8_ABSMAX = int(StateKind.INT8_ABSMAX)
 _E4M3_ABSMAX = int(StateKind.E4M3_ABSMAX)
 _TE_POW2 = int(StateKind.TE_POW2)
+_QMAP = int(StateKind.QMAP)
+_CODEBOOK_LUT = int(StateKind.CODEBOOK_LUT)
 
 TILE = 1 << 12  # elements per tile: the tile buffers of a step stay in the L1/L2 cache
 
@@ -218,6 +220,53 @@ def codebook_tile(x, block, first, base, thr, table, codes, absmaxes, values):
 
 
 @jit
+def lut_tile(x, block, first, lut, table, codes, absmaxes, values):
+    # fpsim.emulate.scale_rules.codebook_codes with Codebook.lut_bins = 65536 (bitsandbytes' CPU
+    # kernel) on whole blocks x: absmax (NaN skipped), v = x * f32(1/a) clipped to [-1, 1] (NaN
+    # stays), bin k = trunc(f32(f64(f32(f32(v + 1) * 0.5)) * 65535 + 0.5)) (float64 product and
+    # sum, each rounded), 0 for NaN, index lut[k] (0 for a block of absmax 0), and the decoded
+    # value table[index] * a
+    n = x.size
+    one = np.float32(1)
+    for b in range(-(-n // block)):
+        lo, hi = b * block, min(n, (b + 1) * block)
+        xs, cs, vs = x[lo:hi], codes[lo:hi], values[lo:hi]
+        a = absmax(xs)
+        absmaxes[first + b] = a
+        inv = one / a
+        for i in range(xs.size):
+            v = xs[i] * inv
+            v = -one if v < -one else (one if v > one else v)
+            k = np.float32(np.float64((v + one) * np.float32(0.5)) * 65535.0 + 0.5)
+            q = lut[np.int64(k) & 0xFFFF] if k == k else lut[0]
+            q = q if a != 0 else np.uint8(0)
+            cs[i] = q
+            vs[i] = table[q] * a
+
+
+@jit
+def qmap_tile(x, block, first, base, thr, table, clip, codes, scales, values):
+    # fpsim.replay.qmap.encode_qmap (torchao's quantizer) on whole blocks x: s = max(amax, clip)
+    # (amax_nan: a NaN propagates and stays), v = x / s, index = base[key] + (v > thr[key]) with
+    # key = the top 16 bits of v (the thresholds of torchao's rule: fpsim.replay.qmap.qmap_buckets),
+    # 0 for a NaN v, and the decoded value table[index] * s
+    n = x.size
+    for b in range(-(-n // block)):
+        lo, hi = b * block, min(n, (b + 1) * block)
+        xs, cs, vs = x[lo:hi], codes[lo:hi], values[lo:hi]
+        a = amax_nan(xs)
+        s = a if (a >= clip or a != a) else clip
+        scales[first + b] = s
+        for i in range(xs.size):
+            v = xs[i] / s
+            k = bits32(v) >> 16
+            q = base[k] + (1 if v > thr[k] else 0)
+            q = q if v == v else 0
+            cs[i] = q
+            vs[i] = table[q] * s
+
+
+@jit
 def amax_nan(x):
     # torch.amax of |x|: NaN if any element is NaN (the bits above inf's), as the canonical
     # quiet NaN 0x7FC00000 (fpsim.formats.amax.amax_propagate_nan)
@@ -298,11 +347,16 @@ def absmax_tile(kind, x, block, first, eps, elem_max, table, codes, scales, valu
 
 @jit
 def encode_tile(kind, x, block, first, base, thr, table, eps, elem_max, codes, scales, values):
-    # one tile of a state, `kind` a StateKind value: CODEBOOK codebook_tile, INT8_ABSMAX and
-    # E4M3_ABSMAX absmax_tile, TE and TE_POW2 te_block (one block: per-tensor scaling; TE_POW2
-    # with a power-of-two scale)
+    # one tile of a state, `kind` a StateKind value: CODEBOOK codebook_tile, CODEBOOK_LUT lut_tile
+    # (base: the lookup table), QMAP qmap_tile (eps: the clip), INT8_ABSMAX and E4M3_ABSMAX
+    # absmax_tile, TE and TE_POW2 te_block (one block: per-tensor scaling; TE_POW2 with a
+    # power-of-two scale)
     if kind == _CODEBOOK:
         codebook_tile(x, block, first, base, thr, table, codes, scales, values)
+    elif kind == _CODEBOOK_LUT:
+        lut_tile(x, block, first, base, table, codes, scales, values)
+    elif kind == _QMAP:
+        qmap_tile(x, block, first, base, thr, table, eps, codes, scales, values)
     elif kind == _INT8_ABSMAX or kind == _E4M3_ABSMAX:
         absmax_tile(kind, x, block, first, eps, elem_max, table, codes, scales, values)
     else:
@@ -466,6 +520,7 @@ def adam_blocks(
     po,
     mref,
     vref,
+    want_stats,
     counts,
     sums,
     mode,
@@ -479,8 +534,8 @@ def adam_blocks(
 ):
     # One Adam step with both moments in 8-bit blocks (fpsim.replay.engine's module doc,
     # semantics 2-3), tile by tile of whole blocks: decode (table[code] * scale), the adam
-    # loop above, encode_tile on each new moment (codes and scales in place), then the state
-    # statistics of state_stats against the reference's moments
+    # loop above, encode_tile on each new moment (codes and scales in place), then with
+    # want_stats the state statistics of state_stats against the reference's moments
     n = p.size
     tile = tile_of(block)
     m0, v0 = np.empty(tile, np.float32), np.empty(tile, np.float32)
@@ -494,5 +549,6 @@ def adam_blocks(
         adam(p[lo:hi], g[lo:hi], m0, v0, po[lo:hi], m1, v1, mode, decay, omb1, omb2, b2, bc2, eps, neg_step)
         encode_tile(mk, m1[:k], block, first, mbase, mthr, mt, meps, mmax, mq[lo:hi], ms, m0)
         encode_tile(vk, v1[:k], block, first, vbase, vthr, vt, veps, vmax, vq[lo:hi], vs, v0)
-        tile_state_stats(m1[:k], m0[:k], mref[lo:hi], counts, sums, 0)
-        tile_state_stats(v1[:k], v0[:k], vref[lo:hi], counts, sums, 2)
+        if want_stats:
+            tile_state_stats(m1[:k], m0[:k], mref[lo:hi], counts, sums, 0)
+            tile_state_stats(v1[:k], v0[:k], vref[lo:hi], counts, sums, 2)

@@ -37,8 +37,10 @@ from .. import _compiled
 from .._compiled import Backend, StateKind
 from ..emulate import element as emulate
 from ..emulate.blocks import BlockCodes, block_geometry, compiled_codebook, nearest_buckets
+from ..emulate.scale_rules import _bnb_lut
 from ..formats import RECIPES, BlockFormat, Codebook, RoundMode, ScaleRule, get_format
 from . import optim
+from .qmap import QMapBlocks, qmap_buckets
 
 __all__ = ["FusedStep", "Plan", "adam_block_step", "decode_state", "encode_state", "plan", "run_piece"]
 
@@ -59,6 +61,7 @@ class FusedStep(NamedTuple):
 _E4M3 = get_format("float8_e4m3fn")
 _INT8 = RECIPES["int8_block256"].element  # int8, symmetric (-127..127)
 _DUMMY = (np.zeros(1, np.uint8), np.zeros(1, _F32))  # bucket tables of kinds without them
+_NONE = np.zeros(0, _F32)  # the reference moments of a step without statistics
 
 
 class _State(NamedTuple):
@@ -74,9 +77,11 @@ class _State(NamedTuple):
 
 
 def _state(bf: Any, shape: tuple) -> _State | None:
-    """The kernel's description of block recipe ``bf`` for a tensor of ``shape``, or None where
+    """The kernel's description of state format ``bf`` for a tensor of ``shape``, or None where
     the kernel does not cover it."""
     n = math.prod(shape)
+    if isinstance(bf, QMapBlocks) and n:
+        return _State(StateKind.QMAP, bf.block, _values(bf), *qmap_buckets(bf), _F32(1e-12), _F32(1))
     if not isinstance(bf, BlockFormat) or not n:
         return None
     per_tensor = bf.block is None and not bf.flatten
@@ -84,12 +89,17 @@ def _state(bf: Any, shape: tuple) -> _State | None:
         return None
     block = bf.block[0] if bf.block is not None else n
     if isinstance(bf.element, Codebook):
-        if per_tensor or not compiled_codebook(
+        el = bf.element
+        nearest = compiled_codebook(
             bf, RoundMode.NEAREST_EVEN, block_geometry(shape, bf)[0], Backend.COMPILED
-        ):
+        )
+        if per_tensor or not (el.lut_bins or nearest):
             return None
-        table = _values(bf.element)
-        return _State(StateKind.CODEBOOK, block, table, *nearest_buckets(bf.element.table), _F32(0), _F32(1))
+        if el.lut_bins:  # bitsandbytes' CPU kernel: the lookup table in place of the buckets
+            return _State(
+                StateKind.CODEBOOK_LUT, block, _values(el), _bnb_lut(el), _DUMMY[1], _F32(0), _F32(1)
+            )
+        return _State(StateKind.CODEBOOK, block, _values(el), *nearest_buckets(el.table), _F32(0), _F32(1))
     kind = _scaled_kind(bf, per_tensor)
     if kind is None:
         return None
@@ -110,14 +120,39 @@ def _scaled_kind(bf: BlockFormat, per_tensor: bool) -> StateKind | None:
 @functools.cache
 def _values(element: Any) -> np.ndarray:
     """float32 value of each of the element's 256 codes (a writable copy: numba compiles
-    read-only arrays as another type)."""
+    read-only arrays as another type); a torchao table of fewer entries padded with NaN (codes
+    past it are refused before a loop runs: :func:`_check_codes`)."""
+    if isinstance(element, QMapBlocks):
+        out = np.full(256, np.nan, _F32)
+        out[: len(element.values)] = element.table
+        return out
     if isinstance(element, Codebook):
         return np.array(element.table, _F32)
     return np.array(emulate.decode_table(element), _F32)
 
 
+def _check_codes(bf: Any, codes: np.ndarray) -> None:
+    """Codes of a torchao format past its table (which numpy's decoder would refuse too).
+
+    Raises:
+        ValueError: a code of ``codes`` has no entry in ``bf``'s table.
+    """
+    if (
+        isinstance(bf, QMapBlocks)
+        and len(bf.values) < 256
+        and codes.size
+        and int(codes.max()) >= len(bf.values)
+    ):
+        raise ValueError(
+            f"{bf.name}: stored code {int(codes.max())} past the table's {len(bf.values)} entries"
+        )
+
+
 def _grid(bf: BlockFormat, shape: tuple, blocks: int) -> tuple:
-    """The shape of the scales :func:`fpsim.encode` gives (one per block)."""
+    """The shape of the scales :func:`fpsim.encode` (:func:`fpsim.replay.qmap.encode_qmap`)
+    gives (one per block)."""
+    if isinstance(bf, QMapBlocks):
+        return (blocks,)
     return (1,) * max(len(shape), 1) if bf.block is None and not bf.flatten else (blocks,)
 
 
@@ -151,6 +186,7 @@ def decode_state(bf: Any, enc: Any, backend: Backend) -> np.ndarray | None:
         return None
     if enc.scales.shape != _grid(bf, enc.codes.shape, -(-enc.codes.size // st.block)):
         return None
+    _check_codes(bf, enc.codes)
     out = np.empty(enc.codes.shape, _F32)
     codes = np.ascontiguousarray(enc.codes).reshape(-1)
     scales = np.ascontiguousarray(enc.scales).view(_F32).reshape(-1)
@@ -174,7 +210,7 @@ class Plan(NamedTuple):
     m: _State
     v: _State
     states: dict[str, BlockCodes]  # the stored moments, writable: updated in place
-    arrays: tuple  # flat p, g, reference m, reference v
+    arrays: tuple  # flat p, g, reference m, reference v (the last two absent: no statistics)
     out: np.ndarray  # the FP32 result, p's shape
 
 
@@ -184,7 +220,7 @@ def plan(
     stored: dict[str, Any],
     p: np.ndarray,
     g: np.ndarray,
-    ref_states: dict[str, np.ndarray],
+    ref_states: dict[str, np.ndarray] | None,
     backend: Backend,
 ) -> Plan | None:
     """The fused update of one tensor, or None where it does not apply (module doc).
@@ -194,7 +230,8 @@ def plan(
         formats: the state formats by name (``"exp_avg"``, ``"exp_avg_sq"``).
         stored: the stored moments (:class:`fpsim.BlockCodes`).
         p, g: the master values and the (unscaled) gradient, float32 of one shape.
-        ref_states: the FP32 reference's new moments, for the statistics.
+        ref_states: the FP32 reference's new moments, for the statistics (None: none computed,
+            the :class:`FusedStep`'s are zeros).
         backend: where the replay runs (the fused step needs :attr:`Backend.COMPILED`).
     """
     if backend is not Backend.COMPILED or not _covers(optimizer) or set(formats) != set(_MOMENTS):
@@ -202,10 +239,13 @@ def plan(
     m, v = (_state(formats[st], p.shape) for st in _MOMENTS)
     if m is None or v is None or m.block != v.block:
         return None
-    arrays = _compiled.flat32(p, g, ref_states["exp_avg"], ref_states["exp_avg_sq"])
+    refs = () if ref_states is None else (ref_states["exp_avg"], ref_states["exp_avg_sq"])
+    arrays = _compiled.flat32(p, g, *refs)
     enc = [stored[st] for st in _MOMENTS]
     if arrays is None or g.shape != p.shape or not all(isinstance(e, BlockCodes) for e in enc):
         return None
+    for st, e in zip(_MOMENTS, enc):
+        _check_codes(formats[st], e.codes)
     states = {
         st: BlockCodes(
             e.codes if _writable(e.codes, np.uint8) else np.array(e.codes, np.uint8),
@@ -241,7 +281,8 @@ def run_piece(pl: Plan, part: slice, optimizer: Any, lr: float, t: int) -> tuple
     and error sums (per moment: nonzero, zeroed; sum (stored - ref)^2, sum ref^2)."""
     m, v = pl.m, pl.v
     blocks = slice(part.start // m.block, -(-part.stop // m.block))
-    p, g, m_ref, v_ref = (a[part] for a in pl.arrays)
+    p, g, *refs = (a[part] for a in pl.arrays)
+    m_ref, v_ref = refs or (_NONE, _NONE)
     (mq, ms), (vq, vs) = (
         (pl.states[st].codes.reshape(-1)[part], pl.states[st].scales.reshape(-1).view(_F32)[blocks])
         for st in _MOMENTS
@@ -251,7 +292,7 @@ def run_piece(pl: Plan, part: slice, optimizer: Any, lr: float, t: int) -> tuple
         p, g, mq, ms, vq, vs, m.block,
         int(m.kind), m.table, m.base, m.thr, m.eps, m.elem_max,
         int(v.kind), v.table, v.base, v.thr, v.eps, v.elem_max,
-        pl.out.reshape(-1)[part], m_ref, v_ref, counts, sums, *optimizer.scalars(lr, t),
+        pl.out.reshape(-1)[part], m_ref, v_ref, bool(refs), counts, sums, *optimizer.scalars(lr, t),
     )  # fmt: skip
     return counts, sums
 
@@ -277,7 +318,7 @@ def adam_block_step(
     g: np.ndarray,
     lr: float,
     t: int,
-    ref_states: dict[str, np.ndarray],
+    ref_states: dict[str, np.ndarray] | None,
     backend: Backend | str = "auto",
 ) -> FusedStep | None:
     """One tensor's whole update (:func:`plan`, every piece, :func:`finish`), or None where the
