@@ -15,7 +15,9 @@ It applies on :attr:`fpsim.Backend.COMPILED` (the replay's ``backend``), to
 (:attr:`fpsim.replay.optim.Sqrt.IEEE`), where both moments of the tensor are quantized, with blocks
 of one size along the flattened tensor, by one of the :class:`fpsim._compiled.StateKind`
 encodings: a codebook rounded to the nearest entry (the bitsandbytes dynamic maps,
-``bnb_dynamic8_block256`` ...), linear absmax INT8 (``int8_block256``, ``int8_block2048``) or
+``bnb_dynamic8_block256`` ...) or through bitsandbytes' CPU lookup table (``bnb-8bit-cpu``),
+torchao's quantizer into its tables (:mod:`fpsim.replay.qmap`: ``torchao-8bit``,
+``torchao-4bit``), linear absmax INT8 (``int8_block256``, ``int8_block2048``) or
 float8_e4m3fn with an FP32 absmax scale (``fp8_e4m3_block256``, torchao's AdamWFp8), or
 float8_e4m3fn with Transformer Engine's per-tensor current scaling (``e4m3_tensor``,
 ``e4m3_tensor_pow2``: MS-AMP's FP8 first moment; one block, one piece). Everything else takes

@@ -2,11 +2,11 @@
 :mod:`fpsim.replay.engine`): the stored form of a state and its float32 values, and the
 rounding of the master copy (nearest-even or stochastic, optionally with Kahan compensation).
 
-On :attr:`fpsim.Backend.COMPILED`, 8-bit block states take the fused step's encoder and decoder
-(:mod:`fpsim.replay.fused`), torchao's state formats the encoder of :mod:`fpsim.replay.qmap`
-(numpy), and the roundings to bfloat16 and float16 the loops ``bf16_round``
-and ``f16_round`` of :mod:`fpsim._compiled.loops` (same bits; tests/replay/test_compiled.py
-compares them with the emulator).
+On :attr:`fpsim.Backend.COMPILED`, 8-bit block states and torchao's state formats take the
+fused step's encoder and decoder where it covers them (:mod:`fpsim.replay.fused`; torchao's
+reference rule is :mod:`fpsim.replay.qmap`, on numpy), and the roundings to bfloat16 and
+float16 the loops ``bf16_round`` and ``f16_round`` of :mod:`fpsim._compiled.loops` (same bits;
+tests/replay/test_compiled.py compares them with the emulator).
 """
 
 from __future__ import annotations
@@ -49,6 +49,9 @@ def store_and_load(fmt: StateFormat, x: np.ndarray, backend: Backend) -> tuple[A
     if not is_quantized(fmt):
         return x, x
     if isinstance(fmt, QMapBlocks):
+        done = _fused.encode_state(fmt, x, backend)
+        if done is not None:
+            return done
         enc = encode_qmap(x, fmt)
         return enc, decode_qmap(enc, fmt)
     if isinstance(fmt, BlockFormat):
@@ -64,10 +67,10 @@ def load_state(fmt: StateFormat, stored: Any, backend: Backend) -> np.ndarray:
     """The float32 values of a state stored in ``fmt`` (as :func:`store_and_load` stored it)."""
     if isinstance(stored, np.ndarray) and stored.dtype == _F32:
         return stored
-    if isinstance(fmt, QMapBlocks):
-        return decode_qmap(stored, fmt)
     out = _fused.decode_state(fmt, stored, backend)
-    return decode(stored, fmt, backend=backend) if out is None else out
+    if out is not None:
+        return out
+    return decode_qmap(stored, fmt) if isinstance(fmt, QMapBlocks) else decode(stored, fmt, backend=backend)
 
 
 def quantize(x: np.ndarray, fmt: Format, mode: RoundMode, backend: Backend, seed: int = 0) -> np.ndarray:
