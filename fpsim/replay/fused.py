@@ -236,16 +236,17 @@ def plan(
             the :class:`FusedStep`'s are zeros).
         backend: where the replay runs (the fused step needs :attr:`Backend.COMPILED`).
     """
-    if backend is not Backend.COMPILED or not _covers(optimizer) or set(formats) != set(_MOMENTS):
-        return None
-    m, v = (_state(formats[st], p.shape) for st in _MOMENTS)
-    if m is None or v is None or m.block != v.block:
+    if backend is not Backend.COMPILED:
         return None
     refs = () if ref_states is None else (ref_states["exp_avg"], ref_states["exp_avg_sq"])
-    arrays = _compiled.flat32(p, g, *refs)
-    enc = [stored[st] for st in _MOMENTS]
-    if arrays is None or g.shape != p.shape or not all(isinstance(e, BlockCodes) for e in enc):
+    why, m, v, arrays = _refusal(optimizer, formats, stored, p, g, refs)
+    if why is not None:
+        if p.size:  # (an empty tensor: nothing runs)
+            _compiled.fallback(
+                f"the fused optimizer step with {why}", "the step and the state encoding run apart"
+            )
         return None
+    enc = [stored[st] for st in _MOMENTS]
     for st, e in zip(_MOMENTS, enc):
         _check_codes(formats[st], e.codes)
     states = {
@@ -257,6 +258,34 @@ def plan(
         for st, e in zip(_MOMENTS, enc)
     }
     return Plan(m, v, states, tuple(arrays), np.empty(p.shape, _F32))
+
+
+def _refusal(optimizer: Any, formats: dict, stored: dict, p: np.ndarray, g: np.ndarray, refs: tuple) -> tuple:
+    """``(why, m, v, arrays)``: what the fused step does not cover in this update (None: it
+    covers it), the two moments' :class:`_State` and the flat arrays."""
+    if not _covers(optimizer):
+        if isinstance(optimizer, optim.Adam) and optimizer.sqrt is not optim.Sqrt.IEEE:
+            return f"{type(optimizer).__name__}(sqrt='{optimizer.sqrt.value}')", None, None, None
+        return f"{type(optimizer).__name__} (the fused step is Adam's)", None, None, None
+    if set(formats) != set(_MOMENTS):
+        return f"states {sorted(formats)}", None, None, None
+    m, v = (_state(formats[st], p.shape) for st in _MOMENTS)
+    for st, s in zip(_MOMENTS, (m, v)):
+        if s is None:
+            return (
+                f"{st} stored in {getattr(formats[st], 'name', formats[st])} (tensor shape {p.shape})",
+                m,
+                v,
+                None,
+            )
+    if m.block != v.block:
+        return f"moments in blocks of {m.block} and {v.block} elements", m, v, None
+    arrays = _compiled.flat32(p, g, *refs)
+    if arrays is None or g.shape != p.shape:
+        return "arrays that are not float32 and C-contiguous of one shape", m, v, None
+    if not all(isinstance(stored[st], BlockCodes) for st in _MOMENTS):
+        return "stored moments that are not block codes", m, v, None
+    return None, m, v, arrays
 
 
 def _covers(optimizer: Any) -> bool:

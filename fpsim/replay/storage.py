@@ -52,6 +52,10 @@ def store_and_load(fmt: StateFormat, x: np.ndarray, backend: Backend) -> tuple[A
         done = _fused.encode_state(fmt, x, backend)
         if done is not None:
             return done
+        if backend is Backend.COMPILED and np.size(x):
+            _compiled.fallback(
+                f"the {fmt.name} state encoder on arrays that are not float32 and C-contiguous"
+            )
         enc = encode_qmap(x, fmt)
         return enc, decode_qmap(enc, fmt)
     if isinstance(fmt, BlockFormat):
@@ -119,6 +123,8 @@ def round_master(
         if fmt.name == "float32":  # rounding float32 to float32 is exact in every mode
             return p_f32, comp
         return quantize(p_f32, fmt, mode, backend, seed), comp
+    if backend is Backend.COMPILED:
+        _compiled.fallback("the Kahan-compensated master rounding")
     kw: dict[str, Any] = {"rounding": mode, "backend": backend, **_random_bits(p_f32, mode, seed)}
     # Kahan: y = update + carried error; new = fl(p + y); error = y - (new - p), stored in fmt
     y = (p_f32.astype(np.float64) - p_old) + comp
