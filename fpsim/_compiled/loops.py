@@ -99,6 +99,8 @@ def bitcast(src: Any, dst: Any, llvm_type: Any) -> Any:
 
 bits32 = bitcast(types.float32, types.uint32, ir.IntType(32))
 float32_of = bitcast(types.uint32, types.float32, ir.FloatType())
+bits64 = bitcast(types.float64, types.uint64, ir.IntType(64))
+float64_of = bitcast(types.uint64, types.float64, ir.DoubleType())
 
 
 @jit
@@ -147,6 +149,46 @@ def bf16_round(x, stochastic, mix, start, out):
             add = np.uint32(0x7FFF) + ((mag >> np.uint32(16)) & np.uint32(1))
         q = ((mag + add) >> np.uint32(16)) << np.uint32(16)
         out[i] = float32_of((b & np.uint32(0x80000000)) | q)
+    return nan
+
+
+@jit
+def bf16_of64(x):
+    # float64 x (not NaN) rounded once to bfloat16, nearest-even, as float32
+    # (fpsim.emulate.element.quantize(x, "bfloat16") of float64 input): from 2^-126 up the
+    # mantissa rounded to 7 bits on the bits (a carry runs into the exponent; past bfloat16's
+    # largest value the result is inf, IEEE 754 7.4), below it |x| * 2^133 rounded to an
+    # integer (the subnormal steps of 2^-133); the sign kept (-0 for a negative underflow)
+    b = bits64(x)
+    mag = b & np.uint64(0x7FFFFFFFFFFFFFFF)
+    a = float64_of(mag)
+    if a < 2.0**-126:
+        r = np.rint(a * 2.0**133) * 2.0**-133
+    else:
+        q = (mag + np.uint64(0xFFFFFFFFFFF) + ((mag >> np.uint64(45)) & np.uint64(1))) >> np.uint64(45)
+        r = float64_of(q << np.uint64(45))
+        r = np.inf if r > 3.3895313892515355e38 else r
+    return np.float32(-r if b >> np.uint64(63) else r)
+
+
+@jit
+def kahan_bf16(p_f32, p_old, comp, new, comp_out):
+    # fpsim.replay.storage.round_master with Kahan compensation, bfloat16 nearest-even:
+    # y = (f64(p_f32) - p_old) + comp, new = bf16(p_old + y), comp = bf16(y - (new - p_old)),
+    # every operation in float64 and each rounding to bfloat16 once (bf16_of64). Elements
+    # where either result is NaN are left to the caller: returns how many there are
+    nan = 0
+    for i in range(p_f32.size):
+        old = np.float64(p_old[i])
+        y = (np.float64(p_f32[i]) - old) + np.float64(comp[i])
+        s = old + y
+        ok = s == s
+        nw = bf16_of64(s) if ok else np.float32(0)
+        c = y - (np.float64(nw) - old)
+        ok = ok and c == c
+        nan += not ok
+        new[i] = nw
+        comp_out[i] = bf16_of64(c) if ok else np.float32(0)
     return nan
 
 

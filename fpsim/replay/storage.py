@@ -124,9 +124,39 @@ def round_master(
             return p_f32, comp
         return quantize(p_f32, fmt, mode, backend, seed), comp
     if backend is Backend.COMPILED:
-        _compiled.fallback("the Kahan-compensated master rounding")
+        fast = _kahan_compiled(fmt, mode, p_old, p_f32, comp)
+        if fast is not None:
+            return fast
+    return _kahan(fmt, mode, p_old, p_f32, comp, seed, backend)
+
+
+def _kahan(fmt: Format, mode: RoundMode, p_old, p_f32, comp, seed: int, backend: Backend):
+    """The Kahan-compensated master rounding (the reference): the new master copy and
+    compensation in ``fmt``."""
     kw: dict[str, Any] = {"rounding": mode, "backend": backend, **_random_bits(p_f32, mode, seed)}
     # Kahan: y = update + carried error; new = fl(p + y); error = y - (new - p), stored in fmt
     y = (p_f32.astype(np.float64) - p_old) + comp
     new = emulate.quantize(p_old.astype(np.float64) + y, fmt, **kw)
     return new, emulate.quantize(y - (new.astype(np.float64) - p_old), fmt, backend=backend)
+
+
+def _kahan_compiled(fmt: Format, mode: RoundMode, p_old, p_f32, comp) -> tuple | None:
+    """:func:`_kahan` by the loop ``kahan_bf16`` (bfloat16, nearest-even; its NaN elements
+    by :func:`_kahan`), or None after saying which case it does not cover."""
+    if fmt != _BF16 or mode is not RoundMode.NEAREST_EVEN:
+        _compiled.fallback(f"the Kahan-compensated master rounding to {fmt.name} ({mode.value})")
+        return None
+    flat = _compiled.flat32(p_f32, p_old, comp)
+    if flat is None or np.shape(p_old) != np.shape(p_f32) or np.shape(comp) != np.shape(p_f32):
+        _compiled.fallback(
+            "the Kahan-compensated master rounding on arrays that are not float32, C-contiguous"
+        )
+        return None
+    new, c = np.empty(p_f32.shape, _F32), np.empty(p_f32.shape, _F32)
+    if _compiled.load().kahan_bf16(*flat, new.reshape(-1), c.reshape(-1)):
+        y = (p_f32.astype(np.float64) - p_old) + comp
+        where = np.isnan(p_old.astype(np.float64) + y) | np.isnan(
+            y - (new.astype(np.float64) - p_old)
+        )  # (a NaN sum, or a NaN compensation left by the loop: both redone)
+        new[where], c[where] = _kahan(fmt, mode, p_old[where], p_f32[where], comp[where], 0, Backend.NUMPY)
+    return new, c

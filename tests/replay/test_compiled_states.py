@@ -2,8 +2,8 @@
 CPU lookup table (``StateKind.CODEBOOK_LUT``) give the numpy reference's bits: the thresholds
 against torchao's rule (:func:`fpsim.replay.qmap.encode_qmap`), the encoder and the fused Adam
 step against ``encode_qmap`` / ``encode_decode_blocks`` on numpy and ``Adam.step`` on numpy,
-over odd sizes and NaN/inf patterns, and the training optimizers of every preset on both
-backends."""
+over odd sizes and NaN/inf patterns; the compiled Kahan master rounding against the numpy one;
+and the training optimizers of every preset on both backends."""
 
 from __future__ import annotations
 
@@ -172,3 +172,26 @@ def test_training_step_equals_on_both_backends(config):
             _assert_same(
                 _bits(a) if a.dtype == np.float32 else a, _bits(b) if b.dtype == np.float32 else b, k
             )
+
+
+@pytest.mark.parametrize("n", [1, 1000, 70_001])
+def test_compiled_kahan_rounding_equals_numpy(n):
+    """The compiled Kahan master rounding to bfloat16 against the numpy tier (float64 sums
+    rounded by the emulator): equal bits for masters and compensations over special values
+    (huge updates that overflow bfloat16, subnormal and negative-underflow results, inf, NaN)."""
+    from fpsim.replay import storage
+
+    bf16 = fpsim.get_format("bfloat16")
+    rng = np.random.default_rng(n)
+    old = fpsim.quantize(_special(rng, n, 1.0), bf16)
+    comp = fpsim.quantize(_special(rng, n, 2.0**-10), bf16)
+    p = (old + _special(rng, n, 1e-3)).astype(np.float32)
+    p[::7] = (rng.standard_normal(p[::7].size) * 2.0**-130).astype(np.float32)  # bf16 subnormal results
+    old[1::11] = np.float32(3.38e38)  # next to bfloat16's largest value: overflow to inf
+    p[1::11] = np.float32(3.4e38)
+    with np.errstate(all="ignore"):
+        got = storage._kahan_compiled(bf16, fpsim.RoundMode.NEAREST_EVEN, old, p, comp)
+        want = storage._kahan(bf16, fpsim.RoundMode.NEAREST_EVEN, old, p, comp, 0, NUMPY)
+    assert got is not None
+    for g, w, what in zip(got, want, ("master", "compensation")):
+        _assert_same(_bits(g), _bits(w), what)

@@ -91,7 +91,7 @@ def test_covered_steps_warn_nothing():
     [
         (ReplayConfig("mx-states", m="mxfp8_e4m3", v="mxfp8_e4m3"), "exp_avg stored in mxfp8_e4m3"),
         (ReplayConfig("mixed-blocks", m="int8_block2048", v="int8_block256"), "blocks of 2048 and 256"),
-        ("bf16-master-kahan", "Kahan-compensated master rounding"),
+        (ReplayConfig("f16-kahan", master="float16", kahan=True), "master rounding to float16"),
     ],
     ids=["mx-states", "mixed-blocks", "kahan"],
 )
