@@ -429,6 +429,14 @@ def table_decode(codes, table, scales, block, out):
 
 
 @jit
+def table_gather(codes, table, out):
+    # fpsim.emulate.element.decode_array of codes that fit the format (unsigned, no wider than
+    # it): table[code], the table holding each code's value (decode_table)
+    for i in range(codes.size):
+        out[i] = table[codes[i]]
+
+
+@jit
 def zero_counts(exact, stored):
     # nonzero elements of exact, and those of them stored as zero
     nonzero = zeroed = 0

@@ -241,7 +241,9 @@ def plan(
     refs = () if ref_states is None else (ref_states["exp_avg"], ref_states["exp_avg_sq"])
     why, m, v, arrays = _refusal(optimizer, formats, stored, p, g, refs)
     if why is not None:
-        if p.size:  # (an empty tensor: nothing runs)
+        # element formats (bfloat16, float16 moments) are not the fused step's: their unfused step is
+        # the compiled path itself; an empty tensor runs nothing
+        if p.size and all(isinstance(f, (BlockFormat, QMapBlocks)) for f in formats.values()):
             _compiled.fallback(
                 f"the fused optimizer step with {why}", "the step and the state encoding run apart"
             )
@@ -273,7 +275,7 @@ def _refusal(optimizer: Any, formats: dict, stored: dict, p: np.ndarray, g: np.n
     for st, s in zip(_MOMENTS, (m, v)):
         if s is None:
             return (
-                f"{st} stored in {getattr(formats[st], 'name', formats[st])} (tensor shape {p.shape})",
+                f"{st} stored in {getattr(formats[st], 'name', formats[st])}",
                 m,
                 v,
                 None,
