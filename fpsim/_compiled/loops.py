@@ -530,20 +530,8 @@ def encode_blocks8(kind, x, block, base, thr, table, eps, elem_max, codes, scale
     tile = tile_of(block)
     for lo in range(0, x.size, tile):
         hi = min(x.size, lo + tile)
-        encode_tile(
-            kind,
-            x[lo:hi],
-            block,
-            lo // block,
-            base,
-            thr,
-            table,
-            eps,
-            elem_max,
-            codes[lo:hi],
-            scales,
-            values[lo:hi],
-        )
+        xs, cs, vs = x[lo:hi], codes[lo:hi], values[lo:hi]
+        encode_tile(kind, xs, block, lo // block, base, thr, table, eps, elem_max, cs, scales, vs)
 
 
 @jit
