@@ -78,9 +78,10 @@ class _State(NamedTuple):
     elem_max: np.float32
 
 
+@functools.lru_cache(maxsize=1024)
 def _state(bf: Any, shape: tuple) -> _State | None:
     """The kernel's description of state format ``bf`` for a tensor of ``shape``, or None where
-    the kernel does not cover it."""
+    the kernel does not cover it (kept per format and shape: the tables are built once)."""
     n = math.prod(shape)
     if isinstance(bf, QMapBlocks) and n:
         return _State(StateKind.QMAP, bf.block, _values(bf), *qmap_buckets(bf), _F32(1e-12), _F32(1))
