@@ -7,7 +7,7 @@ choice of :class:`Backend` for the hot loops. The stages of the data flow are su
 (see the README's Architecture section).
 """
 
-from ._compiled import Backend
+from ._compiled import Backend, FallbackWarning
 from .accumulate import dot, matmul, scaled_matmul, sum  # noqa: A004 - fpsim.sum mirrors numpy.sum
 from .emulate import decode, encode, quantize
 from .emulate.blocks import BlockCodes
@@ -30,6 +30,7 @@ __all__ = [
     "RECIPES",
     "Backend",
     "BlockCodes",
+    "FallbackWarning",
     "BlockFormat",
     "Codebook",
     "DelayedScaling",

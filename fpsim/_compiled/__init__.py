@@ -5,12 +5,22 @@ imports nothing heavy, so ``import fpsim`` stays light. An entry point resolves 
 argument once with :meth:`Backend.resolve` (the one caller of :func:`available`) and passes the
 member down; code that got :attr:`Backend.COMPILED` calls :func:`load` for the loops.
 :class:`StateKind` (from :mod:`.kinds`) names the 8-bit state encodings the block loops take.
+
+No silent fallback: where code running on :attr:`Backend.COMPILED` meets a case its loops do
+not cover (an option, a format, an array layout), it says so with :func:`fallback` (a
+:class:`FallbackWarning` naming the case, once per case and process) and numpy runs the case,
+with the same bits. This holds whether the compiled tier was named or chosen by ``"auto"``:
+``"auto"`` chooses the tier quietly, once, before the run (numpy for small runs or without
+numba), but a case the chosen tier then cannot run is reported all the same, since the user
+cannot otherwise tell why a step is slow.
 """
 
 from __future__ import annotations
 
 import enum
 import functools
+import threading
+import warnings
 from types import ModuleType
 from typing import Any
 
@@ -18,7 +28,17 @@ import numpy as np
 
 from .kinds import StateKind
 
-__all__ = ["COMPILED_FROM", "Backend", "StateKind", "available", "flat32", "load", "load_measure"]
+__all__ = [
+    "COMPILED_FROM",
+    "Backend",
+    "FallbackWarning",
+    "StateKind",
+    "available",
+    "fallback",
+    "flat32",
+    "load",
+    "load_measure",
+]
 
 COMPILED_FROM = 1 << 18
 """The elements from which ``"auto"`` chooses the compiled loops where an entry point knows the
@@ -69,6 +89,29 @@ class Backend(enum.Enum):
         if chosen is cls.COMPILED and not available():
             raise ImportError("the compiled backend needs numba: pip install 'fpsim[fast]'")
         return chosen
+
+
+class FallbackWarning(UserWarning):
+    """The compiled backend met a case its loops do not cover; numpy runs it (same bits, slower)."""
+
+
+_warned: set[str] = set()  # the cases said so in this process
+_warned_lock = threading.Lock()
+
+
+def fallback(case: str, instead: str = "numpy runs it", stacklevel: int = 3) -> None:
+    """Say that the compiled backend does not cover ``case`` (what is not covered: the option,
+    format or array layout) and what runs it ``instead``: a :class:`FallbackWarning`, once per
+    ``case`` and process (the replay's threads included); the caller then runs that."""
+    with _warned_lock:
+        if case in _warned:
+            return
+        _warned.add(case)
+    warnings.warn(
+        f"fpsim: the compiled backend does not cover {case}; {instead} (the same bits, slower)",
+        FallbackWarning,
+        stacklevel=stacklevel,
+    )
 
 
 def load() -> ModuleType:

@@ -21,7 +21,10 @@ class StateKind(enum.IntEnum):
     ``CODEBOOK``: a codebook rounded to the nearest entry (the bitsandbytes dynamic maps);
     ``INT8_ABSMAX``: linear int8 with an absmax scale; ``E4M3_ABSMAX``: float8_e4m3fn with an
     absmax scale; ``TE``: float8_e4m3fn with Transformer Engine's per-tensor current scaling;
-    ``TE_POW2``: the same with the scale rounded down to a power of two.
+    ``TE_POW2``: the same with the scale rounded down to a power of two; ``QMAP``: torchao's
+    quantizer (``x / max(amax, 1e-12)``, NaN propagating, into a table of values:
+    :mod:`fpsim.replay.qmap`); ``CODEBOOK_LUT``: a codebook through bitsandbytes' CPU lookup table
+    of 65536 bins (:attr:`fpsim.formats.Codebook.lut_bins`).
     """
 
     CODEBOOK = 0
@@ -29,3 +32,5 @@ class StateKind(enum.IntEnum):
     E4M3_ABSMAX = 2
     TE = 3
     TE_POW2 = 4
+    QMAP = 5
+    CODEBOOK_LUT = 6

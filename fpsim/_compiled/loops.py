@@ -47,6 +47,8 @@ _CODEBOOK = int(StateKind.CODEBOOK)
 _INT8_ABSMAX = int(StateKind.INT8_ABSMAX)
 _E4M3_ABSMAX = int(StateKind.E4M3_ABSMAX)
 _TE_POW2 = int(StateKind.TE_POW2)
+_QMAP = int(StateKind.QMAP)
+_CODEBOOK_LUT = int(StateKind.CODEBOOK_LUT)
 
 TILE = 1 << 12  # elements per tile: the tile buffers of a step stay in the L1/L2 cache
 
@@ -97,6 +99,8 @@ def bitcast(src: Any, dst: Any, llvm_type: Any) -> Any:
 
 bits32 = bitcast(types.float32, types.uint32, ir.IntType(32))
 float32_of = bitcast(types.uint32, types.float32, ir.FloatType())
+bits64 = bitcast(types.float64, types.uint64, ir.IntType(64))
+float64_of = bitcast(types.uint64, types.float64, ir.DoubleType())
 
 
 @jit
@@ -145,6 +149,46 @@ def bf16_round(x, stochastic, mix, start, out):
             add = np.uint32(0x7FFF) + ((mag >> np.uint32(16)) & np.uint32(1))
         q = ((mag + add) >> np.uint32(16)) << np.uint32(16)
         out[i] = float32_of((b & np.uint32(0x80000000)) | q)
+    return nan
+
+
+@jit
+def bf16_of64(x):
+    # float64 x (not NaN) rounded once to bfloat16, nearest-even, as float32
+    # (fpsim.emulate.element.quantize(x, "bfloat16") of float64 input): from 2^-126 up the
+    # mantissa rounded to 7 bits on the bits (a carry runs into the exponent; past bfloat16's
+    # largest value the result is inf, IEEE 754 7.4), below it |x| * 2^133 rounded to an
+    # integer (the subnormal steps of 2^-133); the sign kept (-0 for a negative underflow)
+    b = bits64(x)
+    mag = b & np.uint64(0x7FFFFFFFFFFFFFFF)
+    a = float64_of(mag)
+    if a < 2.0**-126:
+        r = np.rint(a * 2.0**133) * 2.0**-133
+    else:
+        q = (mag + np.uint64(0xFFFFFFFFFFF) + ((mag >> np.uint64(45)) & np.uint64(1))) >> np.uint64(45)
+        r = float64_of(q << np.uint64(45))
+        r = np.inf if r > 3.3895313892515355e38 else r
+    return np.float32(-r if b >> np.uint64(63) else r)
+
+
+@jit
+def kahan_bf16(p_f32, p_old, comp, new, comp_out):
+    # fpsim.replay.storage.round_master with Kahan compensation, bfloat16 nearest-even:
+    # y = (f64(p_f32) - p_old) + comp, new = bf16(p_old + y), comp = bf16(y - (new - p_old)),
+    # every operation in float64 and each rounding to bfloat16 once (bf16_of64). Elements
+    # where either result is NaN are left to the caller: returns how many there are
+    nan = 0
+    for i in range(p_f32.size):
+        old = np.float64(p_old[i])
+        y = (np.float64(p_f32[i]) - old) + np.float64(comp[i])
+        s = old + y
+        ok = s == s
+        nw = bf16_of64(s) if ok else np.float32(0)
+        c = y - (np.float64(nw) - old)
+        ok = ok and c == c
+        nan += not ok
+        new[i] = nw
+        comp_out[i] = bf16_of64(c) if ok else np.float32(0)
     return nan
 
 
@@ -215,6 +259,53 @@ def codebook_tile(x, block, first, base, thr, table, codes, absmaxes, values):
             q = q if v == v else 0
             cs[i] = q
             vs[i] = table[q] * a
+
+
+@jit
+def lut_tile(x, block, first, lut, table, codes, absmaxes, values):
+    # fpsim.emulate.scale_rules.codebook_codes with Codebook.lut_bins = 65536 (bitsandbytes' CPU
+    # kernel) on whole blocks x: absmax (NaN skipped), v = x * f32(1/a) clipped to [-1, 1] (NaN
+    # stays), bin k = trunc(f32(f64(f32(f32(v + 1) * 0.5)) * 65535 + 0.5)) (float64 product and
+    # sum, each rounded), 0 for NaN, index lut[k] (0 for a block of absmax 0), and the decoded
+    # value table[index] * a
+    n = x.size
+    one = np.float32(1)
+    for b in range(-(-n // block)):
+        lo, hi = b * block, min(n, (b + 1) * block)
+        xs, cs, vs = x[lo:hi], codes[lo:hi], values[lo:hi]
+        a = absmax(xs)
+        absmaxes[first + b] = a
+        inv = one / a
+        for i in range(xs.size):
+            v = xs[i] * inv
+            v = -one if v < -one else (one if v > one else v)
+            k = np.float32(np.float64((v + one) * np.float32(0.5)) * 65535.0 + 0.5)
+            q = lut[np.int64(k) & 0xFFFF] if k == k else lut[0]
+            q = q if a != 0 else np.uint8(0)
+            cs[i] = q
+            vs[i] = table[q] * a
+
+
+@jit
+def qmap_tile(x, block, first, base, thr, table, clip, codes, scales, values):
+    # fpsim.replay.qmap.encode_qmap (torchao's quantizer) on whole blocks x: s = max(amax, clip)
+    # (amax_nan: a NaN propagates and stays), v = x / s, index = base[key] + (v > thr[key]) with
+    # key = the top 16 bits of v (the thresholds of torchao's rule: fpsim.replay.qmap.qmap_buckets),
+    # 0 for a NaN v, and the decoded value table[index] * s
+    n = x.size
+    for b in range(-(-n // block)):
+        lo, hi = b * block, min(n, (b + 1) * block)
+        xs, cs, vs = x[lo:hi], codes[lo:hi], values[lo:hi]
+        a = amax_nan(xs)
+        s = a if (a >= clip or a != a) else clip
+        scales[first + b] = s
+        for i in range(xs.size):
+            v = xs[i] / s
+            k = bits32(v) >> 16
+            q = base[k] + (1 if v > thr[k] else 0)
+            q = q if v == v else 0
+            cs[i] = q
+            vs[i] = table[q] * s
 
 
 @jit
@@ -298,11 +389,16 @@ def absmax_tile(kind, x, block, first, eps, elem_max, table, codes, scales, valu
 
 @jit
 def encode_tile(kind, x, block, first, base, thr, table, eps, elem_max, codes, scales, values):
-    # one tile of a state, `kind` a StateKind value: CODEBOOK codebook_tile, INT8_ABSMAX and
-    # E4M3_ABSMAX absmax_tile, TE and TE_POW2 te_block (one block: per-tensor scaling; TE_POW2
-    # with a power-of-two scale)
+    # one tile of a state, `kind` a StateKind value: CODEBOOK codebook_tile, CODEBOOK_LUT lut_tile
+    # (base: the lookup table), QMAP qmap_tile (eps: the clip), INT8_ABSMAX and E4M3_ABSMAX
+    # absmax_tile, TE and TE_POW2 te_block (one block: per-tensor scaling; TE_POW2 with a
+    # power-of-two scale)
     if kind == _CODEBOOK:
         codebook_tile(x, block, first, base, thr, table, codes, scales, values)
+    elif kind == _CODEBOOK_LUT:
+        lut_tile(x, block, first, base, table, codes, scales, values)
+    elif kind == _QMAP:
+        qmap_tile(x, block, first, base, thr, table, eps, codes, scales, values)
     elif kind == _INT8_ABSMAX or kind == _E4M3_ABSMAX:
         absmax_tile(kind, x, block, first, eps, elem_max, table, codes, scales, values)
     else:
@@ -330,6 +426,14 @@ def table_decode(codes, table, scales, block, out):
         cs, o = codes[b * block : min(n, (b + 1) * block)], out[b * block : min(n, (b + 1) * block)]
         for i in range(cs.size):
             o[i] = table[cs[i]] * s
+
+
+@jit
+def table_gather(codes, table, out):
+    # fpsim.emulate.element.decode_array of codes that fit the format (unsigned, no wider than
+    # it): table[code], the table holding each code's value (decode_table)
+    for i in range(codes.size):
+        out[i] = table[codes[i]]
 
 
 @jit
@@ -426,20 +530,8 @@ def encode_blocks8(kind, x, block, base, thr, table, eps, elem_max, codes, scale
     tile = tile_of(block)
     for lo in range(0, x.size, tile):
         hi = min(x.size, lo + tile)
-        encode_tile(
-            kind,
-            x[lo:hi],
-            block,
-            lo // block,
-            base,
-            thr,
-            table,
-            eps,
-            elem_max,
-            codes[lo:hi],
-            scales,
-            values[lo:hi],
-        )
+        xs, cs, vs = x[lo:hi], codes[lo:hi], values[lo:hi]
+        encode_tile(kind, xs, block, lo // block, base, thr, table, eps, elem_max, cs, scales, vs)
 
 
 @jit
@@ -466,6 +558,7 @@ def adam_blocks(
     po,
     mref,
     vref,
+    want_stats,
     counts,
     sums,
     mode,
@@ -479,8 +572,8 @@ def adam_blocks(
 ):
     # One Adam step with both moments in 8-bit blocks (fpsim.replay.engine's module doc,
     # semantics 2-3), tile by tile of whole blocks: decode (table[code] * scale), the adam
-    # loop above, encode_tile on each new moment (codes and scales in place), then the state
-    # statistics of state_stats against the reference's moments
+    # loop above, encode_tile on each new moment (codes and scales in place), then with
+    # want_stats the state statistics of state_stats against the reference's moments
     n = p.size
     tile = tile_of(block)
     m0, v0 = np.empty(tile, np.float32), np.empty(tile, np.float32)
@@ -494,5 +587,6 @@ def adam_blocks(
         adam(p[lo:hi], g[lo:hi], m0, v0, po[lo:hi], m1, v1, mode, decay, omb1, omb2, b2, bc2, eps, neg_step)
         encode_tile(mk, m1[:k], block, first, mbase, mthr, mt, meps, mmax, mq[lo:hi], ms, m0)
         encode_tile(vk, v1[:k], block, first, vbase, vthr, vt, veps, vmax, vq[lo:hi], vs, v0)
-        tile_state_stats(m1[:k], m0[:k], mref[lo:hi], counts, sums, 0)
-        tile_state_stats(v1[:k], v0[:k], vref[lo:hi], counts, sums, 2)
+        if want_stats:
+            tile_state_stats(m1[:k], m0[:k], mref[lo:hi], counts, sums, 0)
+            tile_state_stats(v1[:k], v0[:k], vref[lo:hi], counts, sums, 2)

@@ -28,6 +28,7 @@ __all__ = [
     "codebook_round",
     "nearest_thresholds",
     "nearest_buckets",
+    "threshold_buckets",
 ]
 
 _F32 = np.float32
@@ -193,19 +194,28 @@ _BUCKETS: dict[bytes, tuple[np.ndarray, np.ndarray]] = {}
 
 
 def nearest_buckets(c: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """O(1) form of ``searchsorted(nearest_thresholds(c), v, side="left")`` for float32 ``v``.
+    """O(1) form of ``searchsorted(nearest_thresholds(c), v, side="left")`` for float32 ``v``:
+    :func:`threshold_buckets` of :func:`nearest_thresholds` (the tests compare with searchsorted
+    on every float32 bucket edge)."""
+    return threshold_buckets(nearest_thresholds(c), np.asarray(c).size)
+
+
+def threshold_buckets(t: np.ndarray, entries: int) -> tuple[np.ndarray, np.ndarray]:
+    """O(1) form of the index ``searchsorted(t, v, side="left")`` (``#{i : v > t[i]}``) of
+    float32 ``v`` for increasing float32 thresholds ``t`` between ``entries`` table entries.
 
     The float32 values sharing their top 16 bits form an interval; over it the index is a
-    step function with at most one step for these codebooks, so index = ``base[key] +
+    step function with at most one step for the tables used here, so index = ``base[key] +
     (v > thr[key])`` (``thr`` = the threshold inside the interval, or +inf); +inf gets the
     last entry and -inf the first. NaN is left to the caller (index 0: the keys of +-inf
-    hold NaNs too). Built once per codebook; intervals holding two or more thresholds are
-    refused (they do not occur in the bitsandbytes maps; the tests compare with searchsorted
-    on every float32 bucket edge).
+    hold NaNs too). Built once per threshold table.
+
+    Raises:
+        ValueError: an interval holds two or more thresholds (a table too dense for the lookup).
     """
-    k = c.tobytes()
+    t = np.asarray(t, _F32)
+    k = t.tobytes() + entries.to_bytes(4, "little")
     if k not in _BUCKETS:
-        t = nearest_thresholds(c)
         keys = np.arange(1 << 16, dtype=np.uint32) << np.uint32(16)
         a, b = keys.view(_F32), (keys | np.uint32(0xFFFF)).view(_F32)
         special = (keys & np.uint32(0x7F800000)) == np.uint32(0x7F800000)  # +-inf and NaN keys
@@ -216,7 +226,7 @@ def nearest_buckets(c: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         if np.any(q_hi - q_lo > 1):
             raise ValueError("codebook too dense for the bucket lookup")
         thr = np.where(q_hi > q_lo, t[np.minimum(q_lo, t.size - 1)], np.inf).astype(_F32)
-        q_lo[special], thr[special] = np.where(keys[special] >> np.uint32(31), 0, c.size - 1), np.inf
+        q_lo[special], thr[special] = np.where(keys[special] >> np.uint32(31), 0, entries - 1), np.inf
         _BUCKETS[k] = (q_lo.astype(np.uint8), thr)
     return _BUCKETS[k]
 

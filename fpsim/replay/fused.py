@@ -15,7 +15,9 @@ It applies on :attr:`fpsim.Backend.COMPILED` (the replay's ``backend``), to
 (:attr:`fpsim.replay.optim.Sqrt.IEEE`), where both moments of the tensor are quantized, with blocks
 of one size along the flattened tensor, by one of the :class:`fpsim._compiled.StateKind`
 encodings: a codebook rounded to the nearest entry (the bitsandbytes dynamic maps,
-``bnb_dynamic8_block256`` ...), linear absmax INT8 (``int8_block256``, ``int8_block2048``) or
+``bnb_dynamic8_block256`` ...) or through bitsandbytes' CPU lookup table (``bnb-8bit-cpu``),
+torchao's quantizer into its tables (:mod:`fpsim.replay.qmap`: ``torchao-8bit``,
+``torchao-4bit``), linear absmax INT8 (``int8_block256``, ``int8_block2048``) or
 float8_e4m3fn with an FP32 absmax scale (``fp8_e4m3_block256``, torchao's AdamWFp8), or
 float8_e4m3fn with Transformer Engine's per-tensor current scaling (``e4m3_tensor``,
 ``e4m3_tensor_pow2``: MS-AMP's FP8 first moment; one block, one piece). Everything else takes
@@ -37,8 +39,10 @@ from .. import _compiled
 from .._compiled import Backend, StateKind
 from ..emulate import element as emulate
 from ..emulate.blocks import BlockCodes, block_geometry, compiled_codebook, nearest_buckets
+from ..emulate.scale_rules import _bnb_lut
 from ..formats import RECIPES, BlockFormat, Codebook, RoundMode, ScaleRule, get_format
 from . import optim
+from .qmap import QMapBlocks, qmap_buckets
 
 __all__ = ["FusedStep", "Plan", "adam_block_step", "decode_state", "encode_state", "plan", "run_piece"]
 
@@ -59,6 +63,7 @@ class FusedStep(NamedTuple):
 _E4M3 = get_format("float8_e4m3fn")
 _INT8 = RECIPES["int8_block256"].element  # int8, symmetric (-127..127)
 _DUMMY = (np.zeros(1, np.uint8), np.zeros(1, _F32))  # bucket tables of kinds without them
+_NONE = np.zeros(0, _F32)  # the reference moments of a step without statistics
 
 
 class _State(NamedTuple):
@@ -73,10 +78,13 @@ class _State(NamedTuple):
     elem_max: np.float32
 
 
+@functools.lru_cache(maxsize=1024)
 def _state(bf: Any, shape: tuple) -> _State | None:
-    """The kernel's description of block recipe ``bf`` for a tensor of ``shape``, or None where
-    the kernel does not cover it."""
+    """The kernel's description of state format ``bf`` for a tensor of ``shape``, or None where
+    the kernel does not cover it (kept per format and shape: the tables are built once)."""
     n = math.prod(shape)
+    if isinstance(bf, QMapBlocks) and n:
+        return _State(StateKind.QMAP, bf.block, _values(bf), *qmap_buckets(bf), _F32(1e-12), _F32(1))
     if not isinstance(bf, BlockFormat) or not n:
         return None
     per_tensor = bf.block is None and not bf.flatten
@@ -84,12 +92,17 @@ def _state(bf: Any, shape: tuple) -> _State | None:
         return None
     block = bf.block[0] if bf.block is not None else n
     if isinstance(bf.element, Codebook):
-        if per_tensor or not compiled_codebook(
+        el = bf.element
+        nearest = compiled_codebook(
             bf, RoundMode.NEAREST_EVEN, block_geometry(shape, bf)[0], Backend.COMPILED
-        ):
+        )
+        if per_tensor or not (el.lut_bins or nearest):
             return None
-        table = _values(bf.element)
-        return _State(StateKind.CODEBOOK, block, table, *nearest_buckets(bf.element.table), _F32(0), _F32(1))
+        if el.lut_bins:  # bitsandbytes' CPU kernel: the lookup table in place of the buckets
+            return _State(
+                StateKind.CODEBOOK_LUT, block, _values(el), _bnb_lut(el), _DUMMY[1], _F32(0), _F32(1)
+            )
+        return _State(StateKind.CODEBOOK, block, _values(el), *nearest_buckets(el.table), _F32(0), _F32(1))
     kind = _scaled_kind(bf, per_tensor)
     if kind is None:
         return None
@@ -110,14 +123,39 @@ def _scaled_kind(bf: BlockFormat, per_tensor: bool) -> StateKind | None:
 @functools.cache
 def _values(element: Any) -> np.ndarray:
     """float32 value of each of the element's 256 codes (a writable copy: numba compiles
-    read-only arrays as another type)."""
+    read-only arrays as another type); a torchao table of fewer entries padded with NaN (codes
+    past it are refused before a loop runs: :func:`_check_codes`)."""
+    if isinstance(element, QMapBlocks):
+        out = np.full(256, np.nan, _F32)
+        out[: len(element.values)] = element.table
+        return out
     if isinstance(element, Codebook):
         return np.array(element.table, _F32)
     return np.array(emulate.decode_table(element), _F32)
 
 
+def _check_codes(bf: Any, codes: np.ndarray) -> None:
+    """Codes of a torchao format past its table (which numpy's decoder would refuse too).
+
+    Raises:
+        ValueError: a code of ``codes`` has no entry in ``bf``'s table.
+    """
+    if (
+        isinstance(bf, QMapBlocks)
+        and len(bf.values) < 256
+        and codes.size
+        and int(codes.max()) >= len(bf.values)
+    ):
+        raise ValueError(
+            f"{bf.name}: stored code {int(codes.max())} past the table's {len(bf.values)} entries"
+        )
+
+
 def _grid(bf: BlockFormat, shape: tuple, blocks: int) -> tuple:
-    """The shape of the scales :func:`fpsim.encode` gives (one per block)."""
+    """The shape of the scales :func:`fpsim.encode` (:func:`fpsim.replay.qmap.encode_qmap`)
+    gives (one per block)."""
+    if isinstance(bf, QMapBlocks):
+        return (blocks,)
     return (1,) * max(len(shape), 1) if bf.block is None and not bf.flatten else (blocks,)
 
 
@@ -151,6 +189,7 @@ def decode_state(bf: Any, enc: Any, backend: Backend) -> np.ndarray | None:
         return None
     if enc.scales.shape != _grid(bf, enc.codes.shape, -(-enc.codes.size // st.block)):
         return None
+    _check_codes(bf, enc.codes)
     out = np.empty(enc.codes.shape, _F32)
     codes = np.ascontiguousarray(enc.codes).reshape(-1)
     scales = np.ascontiguousarray(enc.scales).view(_F32).reshape(-1)
@@ -174,7 +213,7 @@ class Plan(NamedTuple):
     m: _State
     v: _State
     states: dict[str, BlockCodes]  # the stored moments, writable: updated in place
-    arrays: tuple  # flat p, g, reference m, reference v
+    arrays: tuple  # flat p, g, reference m, reference v (the last two absent: no statistics)
     out: np.ndarray  # the FP32 result, p's shape
 
 
@@ -184,7 +223,7 @@ def plan(
     stored: dict[str, Any],
     p: np.ndarray,
     g: np.ndarray,
-    ref_states: dict[str, np.ndarray],
+    ref_states: dict[str, np.ndarray] | None,
     backend: Backend,
 ) -> Plan | None:
     """The fused update of one tensor, or None where it does not apply (module doc).
@@ -194,18 +233,25 @@ def plan(
         formats: the state formats by name (``"exp_avg"``, ``"exp_avg_sq"``).
         stored: the stored moments (:class:`fpsim.BlockCodes`).
         p, g: the master values and the (unscaled) gradient, float32 of one shape.
-        ref_states: the FP32 reference's new moments, for the statistics.
+        ref_states: the FP32 reference's new moments, for the statistics (None: none computed,
+            the :class:`FusedStep`'s are zeros).
         backend: where the replay runs (the fused step needs :attr:`Backend.COMPILED`).
     """
-    if backend is not Backend.COMPILED or not _covers(optimizer) or set(formats) != set(_MOMENTS):
+    if backend is not Backend.COMPILED:
         return None
-    m, v = (_state(formats[st], p.shape) for st in _MOMENTS)
-    if m is None or v is None or m.block != v.block:
+    refs = () if ref_states is None else (ref_states["exp_avg"], ref_states["exp_avg_sq"])
+    why, m, v, arrays = _refusal(optimizer, formats, stored, p, g, refs)
+    if why is not None:
+        # element formats (bfloat16, float16 moments) are not the fused step's: their unfused step is
+        # the compiled path itself; an empty tensor runs nothing
+        if p.size and all(isinstance(f, (BlockFormat, QMapBlocks)) for f in formats.values()):
+            _compiled.fallback(
+                f"the fused optimizer step with {why}", "the step and the state encoding run apart"
+            )
         return None
-    arrays = _compiled.flat32(p, g, ref_states["exp_avg"], ref_states["exp_avg_sq"])
     enc = [stored[st] for st in _MOMENTS]
-    if arrays is None or g.shape != p.shape or not all(isinstance(e, BlockCodes) for e in enc):
-        return None
+    for st, e in zip(_MOMENTS, enc):
+        _check_codes(formats[st], e.codes)
     states = {
         st: BlockCodes(
             e.codes if _writable(e.codes, np.uint8) else np.array(e.codes, np.uint8),
@@ -215,6 +261,34 @@ def plan(
         for st, e in zip(_MOMENTS, enc)
     }
     return Plan(m, v, states, tuple(arrays), np.empty(p.shape, _F32))
+
+
+def _refusal(optimizer: Any, formats: dict, stored: dict, p: np.ndarray, g: np.ndarray, refs: tuple) -> tuple:
+    """``(why, m, v, arrays)``: what the fused step does not cover in this update (None: it
+    covers it), the two moments' :class:`_State` and the flat arrays."""
+    if not _covers(optimizer):
+        if isinstance(optimizer, optim.Adam) and optimizer.sqrt is not optim.Sqrt.IEEE:
+            return f"{type(optimizer).__name__}(sqrt='{optimizer.sqrt.value}')", None, None, None
+        return f"{type(optimizer).__name__} (the fused step is Adam's)", None, None, None
+    if set(formats) != set(_MOMENTS):
+        return f"states {sorted(formats)}", None, None, None
+    m, v = (_state(formats[st], p.shape) for st in _MOMENTS)
+    for st, s in zip(_MOMENTS, (m, v)):
+        if s is None:
+            return (
+                f"{st} stored in {getattr(formats[st], 'name', formats[st])}",
+                m,
+                v,
+                None,
+            )
+    if m.block != v.block:
+        return f"moments in blocks of {m.block} and {v.block} elements", m, v, None
+    arrays = _compiled.flat32(p, g, *refs)
+    if arrays is None or g.shape != p.shape:
+        return "arrays that are not float32 and C-contiguous of one shape", m, v, None
+    if not all(isinstance(stored[st], BlockCodes) for st in _MOMENTS):
+        return "stored moments that are not block codes", m, v, None
+    return None, m, v, arrays
 
 
 def _covers(optimizer: Any) -> bool:
@@ -241,7 +315,8 @@ def run_piece(pl: Plan, part: slice, optimizer: Any, lr: float, t: int) -> tuple
     and error sums (per moment: nonzero, zeroed; sum (stored - ref)^2, sum ref^2)."""
     m, v = pl.m, pl.v
     blocks = slice(part.start // m.block, -(-part.stop // m.block))
-    p, g, m_ref, v_ref = (a[part] for a in pl.arrays)
+    p, g, *refs = (a[part] for a in pl.arrays)
+    m_ref, v_ref = refs or (_NONE, _NONE)
     (mq, ms), (vq, vs) = (
         (pl.states[st].codes.reshape(-1)[part], pl.states[st].scales.reshape(-1).view(_F32)[blocks])
         for st in _MOMENTS
@@ -251,7 +326,7 @@ def run_piece(pl: Plan, part: slice, optimizer: Any, lr: float, t: int) -> tuple
         p, g, mq, ms, vq, vs, m.block,
         int(m.kind), m.table, m.base, m.thr, m.eps, m.elem_max,
         int(v.kind), v.table, v.base, v.thr, v.eps, v.elem_max,
-        pl.out.reshape(-1)[part], m_ref, v_ref, counts, sums, *optimizer.scalars(lr, t),
+        pl.out.reshape(-1)[part], m_ref, v_ref, bool(refs), counts, sums, *optimizer.scalars(lr, t),
     )  # fmt: skip
     return counts, sums
 
@@ -277,7 +352,7 @@ def adam_block_step(
     g: np.ndarray,
     lr: float,
     t: int,
-    ref_states: dict[str, np.ndarray],
+    ref_states: dict[str, np.ndarray] | None,
     backend: Backend | str = "auto",
 ) -> FusedStep | None:
     """One tensor's whole update (:func:`plan`, every piece, :func:`finish`), or None where the

@@ -18,7 +18,9 @@ Triton kernel that mirrors a step must use this exact order and these fmas (fpsi
 
 Where a step runs is a :class:`fpsim.Backend` (``backend=`` of :meth:`Optimizer.step`):
 ``NUMPY`` is the code below, ``COMPILED`` the loops of :mod:`fpsim._compiled.loops` (same bits;
-they cover :attr:`Sqrt.IEEE` only, a :attr:`Sqrt.TORCH` step runs on numpy).
+they cover :attr:`Sqrt.IEEE`, SGD without nesterov and float32 C-contiguous arrays of one
+shape: any other case runs on numpy after a :class:`fpsim.FallbackWarning` naming it, once per
+case, :func:`fpsim._compiled.fallback`).
 
 New optimizers (Lion, Adafactor) add a :class:`Optimizer` subclass with its own ``states``
 and ``step``.
@@ -111,23 +113,36 @@ def _fma(a, b, c) -> tuple[np.ndarray]:
     return (o,)
 
 
-def _compiled_step(loop: Callable[..., Any], scalars: tuple, ins: tuple, outs: tuple | None) -> tuple | None:
+def _compiled_step(
+    loop: Callable[..., Any], scalars: tuple, ins: tuple, outs: tuple | None, what: str
+) -> tuple | None:
     """The step by ``loop``, a compiled loop of :mod:`fpsim._compiled.loops` (same bits; the
-    caller chose :attr:`Backend.COMPILED`), or None to use numpy: an array is not a float32
-    C-contiguous array of ``ins[0]``'s shape, or an output overlaps an input."""
+    caller chose :attr:`Backend.COMPILED`), or None to use numpy after saying so
+    (:func:`fpsim._compiled.fallback`, the case named after ``what``): an array is not a
+    float32 C-contiguous array of ``ins[0]``'s shape, or an output overlaps an input."""
     shape = np.shape(ins[0])
-    if any(np.shape(a) != shape for a in ins):
-        return None
-    flat_in = _compiled.flat32(*ins)
-    if outs is None:
+    if outs is None and all(np.shape(a) == shape for a in ins):
         outs = tuple(np.empty(shape, _F32) for _ in ins[1:])  # p and the states
-    flat_out = _compiled.flat32(*outs)
-    if flat_in is None or flat_out is None or any(np.shape(o) != shape for o in outs):
+    why = _not_flat(ins, outs, shape)
+    if why is not None:
+        _compiled.fallback(f"{what} on {why}")
         return None
-    if any(np.shares_memory(o, a) for o in outs for a in ins):
-        return None
-    loop(*flat_in, *flat_out, *scalars)
+    loop(*_compiled.flat32(*ins), *_compiled.flat32(*outs), *scalars)
     return tuple(outs)
+
+
+def _not_flat(ins: tuple, outs: tuple | None, shape: tuple) -> str | None:
+    """Why the compiled loops cannot take these arrays (None: they can)."""
+    if outs is None or any(np.shape(a) != shape for a in (*ins, *outs)):
+        return "arrays of different shapes (broadcast)"
+    for a in (*ins, *outs):
+        if not isinstance(a, np.ndarray) or a.dtype != _F32:
+            return f"{type(a).__name__ if not isinstance(a, np.ndarray) else a.dtype} arrays (not float32)"
+        if not a.flags.c_contiguous:
+            return "arrays that are not C-contiguous"
+    if any(np.shares_memory(o, a) for o in outs for a in ins):
+        return "outputs that overlap the inputs"
+    return None
 
 
 _CHUNK = 1 << 15  # elements per pass: float64 temporaries stay in cache, none is page-faulted
@@ -254,10 +269,13 @@ class Adam(Optimizer):
         outs = None if out is None else (out[0], out[1]["exp_avg"], out[1]["exp_avg_sq"])
         ins = (p, g, states["exp_avg"], states["exp_avg_sq"])
         sc = self.scalars(lr, t)
-        fast = Backend.resolve(backend) is Backend.COMPILED and self.sqrt is Sqrt.IEEE
-        p, m, v = (fast and _compiled_step(_compiled.load().adam, sc, ins, outs)) or _chunked(
-            partial(_adam_step, sc=sc, sqrt=self.sqrt.function()), *ins, out=outs
-        )
+        done = None
+        if Backend.resolve(backend) is Backend.COMPILED:
+            if self.sqrt is Sqrt.IEEE:
+                done = _compiled_step(_compiled.load().adam, sc, ins, outs, "Adam's step")
+            else:
+                _compiled.fallback("Adam's step with sqrt='torch' (the loops take the IEEE square root)")
+        p, m, v = done or _chunked(partial(_adam_step, sc=sc, sqrt=self.sqrt.function()), *ins, out=outs)
         return p, {"exp_avg": m, "exp_avg_sq": v}
 
     def with_sqrt(self, sqrt: Sqrt) -> Adam:
@@ -342,10 +360,13 @@ class SGD(Optimizer):
         outs = None if out is None else (out[0], out[1]["momentum_buffer"])
         ins = (p, g, g if first else buf)
         sc = (first, bool(self.weight_decay), _F32(self.weight_decay), _F32(self.momentum), _F32(-lr))
-        fast = Backend.resolve(backend) is Backend.COMPILED and not self.nesterov
-        p, buf = (fast and _compiled_step(_compiled.load().sgd, sc, ins, outs)) or _chunked(
-            partial(_sgd_step, sc=sc, nesterov=self.nesterov), *ins, out=outs
-        )
+        done = None
+        if Backend.resolve(backend) is Backend.COMPILED:
+            if not self.nesterov:
+                done = _compiled_step(_compiled.load().sgd, sc, ins, outs, "SGD's step")
+            else:
+                _compiled.fallback("SGD's step with nesterov=True")
+        p, buf = done or _chunked(partial(_sgd_step, sc=sc, nesterov=self.nesterov), *ins, out=outs)
         return p, {"momentum_buffer": buf}
 
 

@@ -25,12 +25,16 @@ map, all 15 of the unsigned 4-bit map), besides the division. Block recipes of
 :data:`fpsim.RECIPES` with a Codebook go through fpsim's compiled loops and Triton kernels,
 which implement the bitsandbytes rule; these formats are therefore a separate kind of
 optimizer-state storage, taken by :class:`fpsim.replay.ReplayConfig` by object or by name and
-encoded here, on numpy (the fused compiled step does not cover them: its ``plan`` returns None
-for them). ``tests/replay/test_presets.py`` compares them with torchao's own subclass tensors.
+encoded here: :func:`encode_qmap` on numpy is the reference; on :attr:`fpsim.Backend.COMPILED`
+the fused step and its state encoder (:mod:`fpsim.replay.fused`) run the same rule as
+``StateKind.QMAP``, a table lookup by :func:`qmap_buckets` (tests/replay/test_compiled.py compares
+the two bit for bit). ``tests/replay/test_presets.py`` compares them with torchao's own subclass
+tensors.
 """
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -39,10 +43,11 @@ from types import MappingProxyType
 import numpy as np
 
 from ..emulate.blocks import BlockCodes
+from ..emulate.scale_rules import threshold_buckets
 from ..formats import Codebook
 from ..formats.amax import amax_propagate_nan
 
-__all__ = ["QMAP_RECIPES", "QMapBlocks", "decode_qmap", "encode_qmap"]
+__all__ = ["QMAP_RECIPES", "QMapBlocks", "decode_qmap", "encode_qmap", "qmap_buckets", "qmap_thresholds"]
 
 _F32 = np.float32
 _CLIP = _F32(1e-12)  # torchao's amax.clip(1e-12), the bound rounded to float32 as torch does
@@ -137,6 +142,51 @@ def decode_qmap(enc: BlockCodes, fmt: QMapBlocks) -> np.ndarray:
     with np.errstate(invalid="ignore", over="ignore"):
         out = vals * scale[:, None]
     return out.reshape(-1)[:n].reshape(codes.shape)
+
+
+def qmap_thresholds(fmt: QMapBlocks) -> np.ndarray:
+    """Steps 3 and 4 of torchao's rule (module doc) as thresholds: the code of a float32 ``v``
+    (not NaN) is ``#{i : v > t[i]}``.
+
+    On each gap ``[c[i], c[i+1]]`` of the table the test ``f32(v - c[i]) >= half`` is monotone
+    in ``v``, so the code is a step function of ``v``; ``t[i]`` is the float32 just below the
+    first ``v`` of the gap that passes it, found by bisection over the float32 values in order
+    (the rule's own float32 arithmetic decides each probe)."""
+    c = fmt.table
+    lo_v, hi_v, half = c[:-1], c[1:], (c[1:] - c[:-1]) * _F32(0.5)
+
+    def passes(o: np.ndarray) -> np.ndarray:
+        with np.errstate(over="ignore"):
+            return (_of_order(o) - lo_v) >= half
+
+    lo, hi = _order(lo_v), _order(hi_v)  # passes(hi): a whole gap is >= half of itself
+    up = passes(lo)  # (a gap whose half rounds to 0: c[i] itself goes up)
+    lo, hi = np.where(up, lo - 1, lo), np.where(up, lo, hi)  # passes(hi), not passes(lo)
+    while np.any(hi - lo > 1):
+        mid = (lo + hi) // 2
+        ok = passes(mid) & (hi - lo > 1)
+        lo, hi = np.where(ok | (hi - lo <= 1), lo, mid), np.where(ok, mid, hi)
+    first = hi
+    return _of_order(first - 1)
+
+
+def _order(v: np.ndarray) -> np.ndarray:
+    """float32 values as integers in the same order (-0 and +0 both 0)."""
+    b = np.asarray(v, _F32).view(np.uint32).astype(np.int64)
+    return np.where(b >> 31, -(b & 0x7FFFFFFF), b)
+
+
+def _of_order(o: np.ndarray) -> np.ndarray:
+    """The float32 values of :func:`_order`'s integers."""
+    o = np.asarray(o, np.int64)
+    return np.where(o < 0, (-o) | 0x80000000, o).astype(np.uint32).view(_F32)
+
+
+@functools.cache
+def qmap_buckets(fmt: QMapBlocks) -> tuple[np.ndarray, np.ndarray]:
+    """The bucket lookup (:func:`fpsim.emulate.scale_rules.threshold_buckets`) of
+    :func:`qmap_thresholds`: the compiled encoder's ``base`` and ``thr`` tables."""
+    return threshold_buckets(qmap_thresholds(fmt), len(fmt.values))
 
 
 # torchao 0.18 subclass_4bit.get_qmap_signed(): create_dynamic_map(signed=True,

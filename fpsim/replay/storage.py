@@ -2,11 +2,11 @@
 :mod:`fpsim.replay.engine`): the stored form of a state and its float32 values, and the
 rounding of the master copy (nearest-even or stochastic, optionally with Kahan compensation).
 
-On :attr:`fpsim.Backend.COMPILED`, 8-bit block states take the fused step's encoder and decoder
-(:mod:`fpsim.replay.fused`), torchao's state formats the encoder of :mod:`fpsim.replay.qmap`
-(numpy), and the roundings to bfloat16 and float16 the loops ``bf16_round``
-and ``f16_round`` of :mod:`fpsim._compiled.loops` (same bits; tests/replay/test_compiled.py
-compares them with the emulator).
+On :attr:`fpsim.Backend.COMPILED`, 8-bit block states and torchao's state formats take the
+fused step's encoder and decoder where it covers them (:mod:`fpsim.replay.fused`; torchao's
+reference rule is :mod:`fpsim.replay.qmap`, on numpy), and the roundings to bfloat16 and
+float16 the loops ``bf16_round`` and ``f16_round`` of :mod:`fpsim._compiled.loops` (same bits;
+tests/replay/test_compiled.py compares them with the emulator).
 """
 
 from __future__ import annotations
@@ -49,6 +49,13 @@ def store_and_load(fmt: StateFormat, x: np.ndarray, backend: Backend) -> tuple[A
     if not is_quantized(fmt):
         return x, x
     if isinstance(fmt, QMapBlocks):
+        done = _fused.encode_state(fmt, x, backend)
+        if done is not None:
+            return done
+        if backend is Backend.COMPILED and np.size(x):
+            _compiled.fallback(
+                f"the {fmt.name} state encoder on arrays that are not float32 and C-contiguous"
+            )
         enc = encode_qmap(x, fmt)
         return enc, decode_qmap(enc, fmt)
     if isinstance(fmt, BlockFormat):
@@ -64,10 +71,10 @@ def load_state(fmt: StateFormat, stored: Any, backend: Backend) -> np.ndarray:
     """The float32 values of a state stored in ``fmt`` (as :func:`store_and_load` stored it)."""
     if isinstance(stored, np.ndarray) and stored.dtype == _F32:
         return stored
-    if isinstance(fmt, QMapBlocks):
-        return decode_qmap(stored, fmt)
     out = _fused.decode_state(fmt, stored, backend)
-    return decode(stored, fmt, backend=backend) if out is None else out
+    if out is not None:
+        return out
+    return decode_qmap(stored, fmt) if isinstance(fmt, QMapBlocks) else decode(stored, fmt, backend=backend)
 
 
 def quantize(x: np.ndarray, fmt: Format, mode: RoundMode, backend: Backend, seed: int = 0) -> np.ndarray:
@@ -116,8 +123,40 @@ def round_master(
         if fmt.name == "float32":  # rounding float32 to float32 is exact in every mode
             return p_f32, comp
         return quantize(p_f32, fmt, mode, backend, seed), comp
+    if backend is Backend.COMPILED:
+        fast = _kahan_compiled(fmt, mode, p_old, p_f32, comp)
+        if fast is not None:
+            return fast
+    return _kahan(fmt, mode, p_old, p_f32, comp, seed, backend)
+
+
+def _kahan(fmt: Format, mode: RoundMode, p_old, p_f32, comp, seed: int, backend: Backend):
+    """The Kahan-compensated master rounding (the reference): the new master copy and
+    compensation in ``fmt``."""
     kw: dict[str, Any] = {"rounding": mode, "backend": backend, **_random_bits(p_f32, mode, seed)}
     # Kahan: y = update + carried error; new = fl(p + y); error = y - (new - p), stored in fmt
     y = (p_f32.astype(np.float64) - p_old) + comp
     new = emulate.quantize(p_old.astype(np.float64) + y, fmt, **kw)
     return new, emulate.quantize(y - (new.astype(np.float64) - p_old), fmt, backend=backend)
+
+
+def _kahan_compiled(fmt: Format, mode: RoundMode, p_old, p_f32, comp) -> tuple | None:
+    """:func:`_kahan` by the loop ``kahan_bf16`` (bfloat16, nearest-even; its NaN elements
+    by :func:`_kahan`), or None after saying which case it does not cover."""
+    if fmt != _BF16 or mode is not RoundMode.NEAREST_EVEN:
+        _compiled.fallback(f"the Kahan-compensated master rounding to {fmt.name} ({mode.value})")
+        return None
+    flat = _compiled.flat32(p_f32, p_old, comp)
+    if flat is None or np.shape(p_old) != np.shape(p_f32) or np.shape(comp) != np.shape(p_f32):
+        _compiled.fallback(
+            "the Kahan-compensated master rounding on arrays that are not float32, C-contiguous"
+        )
+        return None
+    new, c = np.empty(p_f32.shape, _F32), np.empty(p_f32.shape, _F32)
+    if _compiled.load().kahan_bf16(*flat, new.reshape(-1), c.reshape(-1)):
+        y = (p_f32.astype(np.float64) - p_old) + comp
+        where = np.isnan(p_old.astype(np.float64) + y) | np.isnan(
+            y - (new.astype(np.float64) - p_old)
+        )  # (a NaN sum, or a NaN compensation left by the loop: both redone)
+        new[where], c[where] = _kahan(fmt, mode, p_old[where], p_f32[where], comp[where], 0, Backend.NUMPY)
+    return new, c

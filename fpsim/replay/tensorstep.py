@@ -131,7 +131,11 @@ def tensor_step(
     if fused is None and try_fused:
         formats = {st: cfg.state_storage(st, name, g.size) for st in stored}
         if formats and all(is_quantized(f) for f in formats.values()):
-            ref = ref_states if ref_states is not None else {st: np.zeros(g.shape, _F32) for st in stored}
+            ref = (
+                ref_states
+                if ref_states is not None or stats is None
+                else {st: np.zeros(g.shape, _F32) for st in stored}
+            )
             fused = _fused.adam_block_step(optimizer, formats, stored, master, g, lr, t, ref, backend)
     if fused is not None:
         p_f32, new_states, new_loaded = fused.p, fused.states, None

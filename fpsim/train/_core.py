@@ -16,6 +16,7 @@ from typing import Any
 
 import numpy as np
 
+from .. import _compiled
 from .._compiled import Backend
 from ..emulate import element as emulate
 from ..emulate.blocks import BlockCodes
@@ -77,8 +78,17 @@ def pack(cfg: ReplayConfig, name: str, size: int, stored: dict[str, Any]) -> dic
     return out
 
 
-def unpack(cfg: ReplayConfig, name: str, size: int, packed: dict[str, np.ndarray], states) -> dict[str, Any]:
-    """The stored states (as the replay's storage holds them) from :func:`pack`'s arrays."""
+def unpack(
+    cfg: ReplayConfig,
+    name: str,
+    size: int,
+    packed: dict[str, np.ndarray],
+    states,
+    backend: Backend = Backend.NUMPY,
+) -> dict[str, Any]:
+    """The stored states (as the replay's storage holds them) from :func:`pack`'s arrays (element
+    codes of up to 16 bits decoded by a compiled table lookup on :attr:`Backend.COMPILED`: the
+    same table, the same values)."""
     out: dict[str, Any] = {}
     for st in states:
         fmt = cfg.state_storage(st, name, size)
@@ -87,9 +97,20 @@ def unpack(cfg: ReplayConfig, name: str, size: int, packed: dict[str, np.ndarray
         elif f"{st}.scales" in packed:
             out[st] = BlockCodes(packed[f"{st}.codes"], packed[f"{st}.scales"], None)
         elif isinstance(fmt, Format):
-            out[st] = emulate.decode_array(packed[f"{st}.codes"], fmt)
+            out[st] = _decode(packed[f"{st}.codes"], fmt, backend)
         else:
             out[st] = packed[f"{st}.codes"]
+    return out
+
+
+def _decode(codes: np.ndarray, fmt: Format, backend: Backend) -> np.ndarray:
+    """``emulate.decode_array(codes, fmt)``; on :attr:`Backend.COMPILED` by the loop
+    ``table_gather`` where the codes fit the format's table (unsigned, at most its bits)."""
+    fits = codes.dtype.kind == "u" and codes.dtype.itemsize * 8 <= fmt.bits <= 16 and codes.flags.c_contiguous
+    if backend is not Backend.COMPILED or not fits:
+        return emulate.decode_array(codes, fmt)
+    out = np.empty(codes.shape, _F32)
+    _compiled.load().table_gather(codes.reshape(-1), emulate.loop_table(fmt), out.reshape(-1))
     return out
 
 
@@ -170,7 +191,7 @@ def step_tensor(
     whose steps are the update counts), and the new master copy, packed states and compensation."""
     g = np.asarray(g, _F32)
     q = seen_grad(cfg, g, None, None, backend)[0]
-    stored = unpack(cfg, name, g.size, packed, optimizer.states)
+    stored = unpack(cfg, name, g.size, packed, optimizer.states, backend)
     s = Stats(n=g.size) if stats is not None else None
     out = tensor_step(
         cfg, optimizer, name, master, stored, q, lr, t,

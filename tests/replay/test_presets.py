@@ -193,8 +193,8 @@ def test_bnb_cpu_states_equal_bitsandbytes_bit_for_bit(state, signed, n):
     np.testing.assert_array_equal(_bits(values), _bits(F.dequantize_blockwise(q, qs).numpy()))
 
 
-def test_fused_step_leaves_torchao_formats_to_the_generic_path(tmp_path):
-    """The fused compiled step declines torchao's qmap formats (its plan is None), and a
+def test_fused_step_covers_torchao_formats(tmp_path):
+    """The fused compiled step covers torchao's qmap formats (``StateKind.QMAP``), and a
     replay of the torchao presets gives the same bits on the compiled and numpy backends."""
     rng = np.random.default_rng(3)
     fmt = QMAP_RECIPES["torchao_dynamic8_block256"], QMAP_RECIPES["torchao_dynamic8u_block256"]
@@ -202,7 +202,7 @@ def test_fused_step_leaves_torchao_formats_to_the_generic_path(tmp_path):
     stored = {st: encode_qmap(np.zeros(4096, F32), f) for st, f in zip(("exp_avg", "exp_avg_sq"), fmt)}
     refs = {"exp_avg": p, "exp_avg_sq": p * p}
     formats = dict(zip(stored, fmt))
-    assert _fused.plan(AdamW(), formats, stored, p, p, refs, fpsim.Backend.COMPILED) is None
+    assert _fused.plan(AdamW(), formats, stored, p, p, refs, fpsim.Backend.COMPILED) is not None
     trace = _trace(tmp_path / "t", {"w": (64, 128), "v": (4100,)}, steps=3)
     names = ["torchao-8bit", "torchao-4bit", "torchao-fp8"]
     a = replay(trace, names, backend="numpy", progress=False)
