@@ -54,6 +54,7 @@ from ..emulate import blocks, element
 from ..emulate.delayed import DelayedScaling, DelayedState
 from ..emulate.random import random_bits_at
 from ..formats import FORMATS, RECIPES, BlockFormat, Codebook, Format, RoundMode, ScaleRule
+from ..formats.amax import amax_ignore_nan
 from ..replay.storage import master_seed
 
 __all__ = [
@@ -68,6 +69,7 @@ __all__ = [
     "fp8_delayed",
     "gemm",
     "hadamard16",
+    "max_block_dynamic_range",
     "operand_seed",
     "quantize_operand",
     "resolve_recipe",
@@ -333,6 +335,9 @@ class OperandStats:
         scale_inv_min, scale_inv_max, scale_inv_std: over the decode scales of the blocks (NVFP4:
             block scale times tensor scale; min over the nonzero ones); NaN for element formats.
         mse: mean squared error of the dequantized operand (float64).
+        max_block_dynamic_range: :func:`max_block_dynamic_range` of the high-precision operand
+            over the blocks of its format (the whole tensor for per-tensor, delayed and element
+            formats), in binades (log2).
     """
 
     numel: int
@@ -343,6 +348,7 @@ class OperandStats:
     scale_inv_max: float
     scale_inv_std: float
     mse: float
+    max_block_dynamic_range: float
 
 
 def quantize_operand(
@@ -371,7 +377,7 @@ def quantize_operand(
         s = element.decode_array(np.asarray(enc.scales), fmt.scale_format).astype(np.float64)
         if enc.tensor_scale is not None:
             s = s * enc.tensor_scale
-        return q, operand_stats(a, q, np.abs(ev) == fmt.elem_max, s)
+        return q, operand_stats(a, q, np.abs(ev) == fmt.elem_max, s, block_format=fmt)
     codes = element.encode_array(a, fmt, mode, rand=random_bits, backend=backend)
     q = np.ascontiguousarray(element.decode_array(codes, fmt))
     if not stats:
@@ -403,10 +409,12 @@ def operand_stats(
     scale_inv: np.ndarray | None,
     *,
     saturated: np.ndarray | None = None,
+    block_format: BlockFormat | None = None,
 ) -> OperandStats:
     """:class:`OperandStats` of ``a`` quantized to ``q``: ``at_max`` marks elements coded at the
     format's largest magnitude (saturated when ``|a| > |q|``, unless ``saturated`` is given),
-    ``scale_inv`` the decode scales (None: no scales)."""
+    ``scale_inv`` the decode scales (None: no scales), ``block_format`` the blocks of the
+    dynamic range (None: the whole tensor)."""
     n = a.size
     with np.errstate(invalid="ignore", over="ignore"):
         if saturated is None:
@@ -414,7 +422,7 @@ def operand_stats(
         under = int(np.count_nonzero((a != 0) & (q == 0)))
         d = a.astype(np.float64) - q
         mse = float(np.mean(d * d)) if n else math.nan
-        amax = float(np.fmax.reduce(np.abs(a), axis=None, initial=0)) if n else math.nan
+    amax = float(amax_ignore_nan(a)) if n else math.nan
     if scale_inv is None or scale_inv.size == 0:
         smin = smax = sstd = math.nan
     else:
@@ -422,7 +430,62 @@ def operand_stats(
         smin = float(nz.min()) if nz.size else 0.0
         smax, sstd = float(scale_inv.max()), float(scale_inv.std())
     pct = 100.0 / n if n else math.nan
-    return OperandStats(n, amax, under * pct, int(np.count_nonzero(saturated)) * pct, smin, smax, sstd, mse)
+    dr = max_block_dynamic_range(a, block_format)
+    return OperandStats(
+        n, amax, under * pct, int(np.count_nonzero(saturated)) * pct, smin, smax, sstd, mse, dr
+    )
+
+
+_MAG = np.uint32(0x7FFFFFFF)
+_INF_BITS = np.uint32(0x7F800000)
+
+
+def max_block_dynamic_range(a: np.ndarray, block_format: BlockFormat | None = None) -> float:
+    """The largest dynamic range of a block of ``a``, in binades.
+
+    A block's dynamic range is ``log2(max|x|) - log2(min |x|)`` over its finite nonzero
+    elements (NaN, infinities and zeros of either sign left out; 0 for a block without any);
+    the result is the largest over the blocks of ``block_format`` along ``a``'s axes (its
+    :func:`fpsim.emulate.blocks.block_geometry`: 1x32 blocks along the contraction axis,
+    16x16 or 128x128 tiles; padding adds no element), or of the whole tensor as one block
+    when ``block_format`` is None or scales the whole tensor. Transformer Engine's
+    ``LogTensorStats`` stat ``max_blockwise_dynamic_range`` (``block_size``, ``dims`` 1 or 2,
+    in ``debug/features/utils/stats_computation.py``) is the same quantity over blocks of the
+    flattened 2-D tensor it chooses, except that its torch reductions let an infinity through
+    (an infinite range) and a NaN poison its block.
+
+    Each decision is an integer comparison of float32 bit patterns (no NaN-dependent SIMD
+    reduction); the block with the largest ``max / min`` (a float64 quotient, correctly
+    rounded) gives ``math.log2(max) - math.log2(min)`` (exact for powers of two).
+
+    Raises:
+        TypeError: ``a`` is not float32.
+    """
+    if a.dtype != np.float32:
+        raise TypeError(f"max_block_dynamic_range takes a float32 array, got {a.dtype}")
+    mag = np.ascontiguousarray(a).view(np.uint32) & _MAG
+    keep = (mag != 0) & (mag < _INF_BITS)
+    hi = np.where(keep, mag, np.uint32(0))
+    lo = np.where(keep, mag, np.uint32(0xFFFFFFFF))
+    if block_format is None or block_format.block is None or a.ndim == 0:
+        hi, lo = hi.reshape(1, -1), lo.reshape(1, -1)
+    else:
+        work, blk = blocks.block_geometry(a.shape, block_format)
+        pads = [(0, (-t) % b) for t, b in zip(work, blk)]
+        split = [n for t, b in zip(work, blk) for n in ((t + (-t) % b) // b, b)]
+        hi = np.pad(hi.reshape(work), pads, constant_values=0).reshape(split)
+        lo = np.pad(lo.reshape(work), pads, constant_values=0xFFFFFFFF).reshape(split)
+        inner = tuple(range(1, 2 * len(work), 2))
+        hi = hi.transpose(*range(0, 2 * len(work), 2), *inner).reshape(-1, math.prod(blk))
+        lo = lo.transpose(*range(0, 2 * len(work), 2), *inner).reshape(-1, math.prod(blk))
+    hi, lo = hi.max(axis=1), lo.min(axis=1)
+    some = hi != 0
+    if not some.any():
+        return 0.0
+    top = hi[some].view(np.float32).astype(np.float64)
+    bottom = lo[some].view(np.float32).astype(np.float64)
+    k = int(np.argmax(top / bottom))
+    return math.log2(top[k]) - math.log2(bottom[k])
 
 
 def operand_words(seed: int, module: str, step: int, gemm: Gemm, role: str, shape: tuple) -> np.ndarray:

@@ -404,3 +404,60 @@ def test_emulated_accumulator_is_fpsim_matmul():
     stochastic = fpsim.accumulate.AccumulatorSpec.build(accumulator=14, rounding="stochastic", seed=1)
     with pytest.raises(ValueError, match="stochastic rounding in the accumulator is not emulated"):
         dataclasses.replace(recipe, accumulate=stochastic)
+
+
+def _pow2_with_nans(rng, shape) -> np.ndarray:
+    """Signed powers of two over 160 binades (float32 subnormals included), zeros of both
+    signs, infinities and every signaling/quiet NaN pattern of tests/oracles."""
+    from tests.oracles import with_nans
+
+    x = np.ldexp(rng.choice([-1.0, 1.0], shape), rng.integers(-140, 20, shape)).astype(F32)  # exact
+    x.reshape(-1)[rng.choice(x.size, x.size // 8, replace=False)] = rng.choice([0.0, -0.0], x.size // 8)
+    x.reshape(-1)[[5, 700]] = [np.inf, -np.inf]
+    return with_nans(x, start=3, spacing=29)
+
+
+def _dynamic_range_oracle(x: np.ndarray, block: tuple[int, int]) -> float:
+    """Per block, log2(max) - log2(min) over its finite nonzero powers of two (frexp's exact
+    exponents, Python floats), the largest over the blocks."""
+    best, (br, bc) = 0, block
+    for i in range(0, x.shape[0], br):
+        for j in range(0, x.shape[1], bc):
+            vals = [abs(float(v)) for v in x[i : i + br, j : j + bc].ravel() if math.isfinite(v) and v != 0]
+            if vals:
+                best = max(best, math.frexp(max(vals))[1] - math.frexp(min(vals))[1])
+    return float(best)
+
+
+def test_block_dynamic_range_and_amax_with_nans_and_infinities():
+    """max_block_dynamic_range over each recipe's blocks (1x32 and 1x128 along the contraction
+    axis, ragged; 16x16 and 128x128 tiles; the whole tensor for per-tensor, delayed and
+    element formats) equals a per-block Python computation on exact powers of two; the amax
+    skips every NaN pattern (signaling ones included) and counts infinities."""
+    rng = np.random.default_rng(11)
+    x = _pow2_with_nans(rng, (48, 80))
+    finite = [abs(float(v)) for v in x.ravel() if not math.isnan(v)]
+    backend = fpsim.Backend.resolve("auto")
+    whole = x.shape
+    cases = [
+        (GEMM_RECIPES["mxfp8"].input, (1, 32)),
+        (GEMM_RECIPES["fp8-block"].input, (1, 128)),
+        (GEMM_RECIPES["fp8-block"].weight, (128, 128)),
+        (GEMM_RECIPES["nvfp4"].weight, (16, 16)),
+        (GEMM_RECIPES["fp8-current"].input, whole),
+        (GEMM_RECIPES["bf16"].input, whole),
+    ]
+    for op, block in cases:
+        with np.errstate(all="ignore"):
+            _, st = G.quantize_operand(x, op, backend, stats=True)
+        assert st.max_block_dynamic_range == _dynamic_range_oracle(x, block) > 0, op.name
+        assert st.amax == max(finite) == math.inf, op.name
+    policy = GEMM_RECIPES["fp8-delayed"].input.format
+    y = np.where(np.isinf(x), F32(3.0), x)  # a finite amax for the delayed history
+    with np.errstate(all="ignore"):
+        _, _, st = G.delayed_cast(y, policy, policy.init(), stats=True)
+    assert st.max_block_dynamic_range == _dynamic_range_oracle(y, whole)
+    assert st.amax == max(abs(float(v)) for v in y.ravel() if not math.isnan(v))
+    assert G.max_block_dynamic_range(np.zeros((4, 32), F32), GEMM_RECIPES["mxfp8"].input.format) == 0.0
+    with pytest.raises(TypeError, match="float32"):
+        G.max_block_dynamic_range(np.ones(4))
