@@ -1,13 +1,17 @@
 """Emulated-GEMM training speed on the CPU: one step under each GEMM recipe / one FP32 step.
 
 Run: ``python benchmarks/bench_gemm_speed.py [--steps 5] [--warmup 2] [--tokens 256]
-[--models tiny,25m] [--recipes bf16,...] [--backend auto] [--profile RECIPE] [--json OUT]``.
+[--models tiny,25m] [--recipes bf16,...] [--backend auto] [--threads 1] [--profile RECIPE]
+[--json OUT]``.
 
 A step is forward, backward and ``torch.optim.Adam.step()`` of a model converted with
 ``fpsim.train.torch.convert(model, recipe)``; the baseline is the same step of the unconverted
 model (FP32) on the same batch, its steps interleaved with the emulated ones (so that load from
 other processes hits both alike). Each recipe runs ``--warmup`` steps of both, then ``--steps``
-timed pairs; printed: the median step times and their ratio (goal: <= 3x). Models:
+timed pairs; printed: the median step times and their ratio (goal: <= 3x). torch runs on
+``--threads`` threads (default 1: on a machine shared with other jobs, a parallel FP32 step of
+a few milliseconds waits on descheduled threads and the ratios become noise); fpsim's compiled
+loops use their own pool either way. Models:
 
 - ``tiny``: the tiny transformer of :mod:`fpsim.trace.sample` (6,076 parameters, batch 64 of
   12 tokens, the same data).
@@ -102,10 +106,10 @@ def run(args) -> list[dict]:
     rows = []
     for name in args.models:
         build, x, y = _tiny() if name == "tiny" else _mlp25m(args.tokens)
-        base = Loop(build(), x, y)
         print(f"{name}:")
         for recipe in args.recipes:
             prof = cProfile.Profile() if recipe == args.profile else None
+            base = Loop(build(), x, y)  # fresh: both models take the same steps from one start
             emulated = Loop(convert(build(), recipe, backend=args.backend), x, y)
             tb, te = compare(base, emulated, args.warmup, args.steps, prof)
             row = {"model": name, "recipe": recipe, "ms": te * 1e3, "fp32_ms": tb * 1e3, "ratio": te / tb}
@@ -127,6 +131,7 @@ def main() -> None:
     p.add_argument("--recipes", default=",".join(GEMM_RECIPES))
     p.add_argument("--backend", default="auto")
     p.add_argument("--profile", default=None)
+    p.add_argument("--threads", type=int, default=1, help="torch's CPU threads (default 1, see the doc)")
     p.add_argument("--json", default=None)
     args = p.parse_args()
     args.models = args.models.split(",")
@@ -137,6 +142,7 @@ def main() -> None:
     for r in args.recipes:
         if r not in GEMM_RECIPES:
             p.error(f"--recipes: unknown recipe {r!r}; allowed: {', '.join(GEMM_RECIPES)}")
+    torch.set_num_threads(args.threads)
     rows = run(args)
     print("\nmodel  recipe        ratio")
     for r in rows:

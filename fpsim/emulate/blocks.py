@@ -126,13 +126,13 @@ def encode_array(
     rows = _rows_per_chunk(bf, xb)
     if rows < xb.shape[0]:  # whole rows of blocks are independent of each other
         parts = [
-            _encode_rows(bf, xb[i : i + rows], None if rb is None else rb[i : i + rows], mode, nbits)
+            _encode_rows(bf, xb[i : i + rows], None if rb is None else rb[i : i + rows], mode, nbits, backend)
             for i in range(0, xb.shape[0], rows)
         ]
         codes = np.concatenate([c for c, _, _ in parts])
         scales, tensor = np.concatenate([s for _, s, _ in parts]), None
     else:
-        codes, scales, tensor = _encode_rows(bf, xb, rb, mode, nbits, tensor_amax)
+        codes, scales, tensor = _encode_rows(bf, xb, rb, mode, nbits, backend, tensor_amax)
     return BlockCodes(_from_blocks(codes, work).reshape(x.shape), scales.reshape(grid), tensor)
 
 
@@ -205,8 +205,12 @@ def _rows_per_chunk(bf: BlockFormat, xb: np.ndarray) -> int:
     return max(1, (1 << 16) // max(1, math.prod(xb.shape[1:])))
 
 
-def _encode_rows(bf: BlockFormat, xb, rand, mode: RoundMode, nbits: int, tensor_amax: float | None = None):
-    """Element codes, scale codes and tensor scale of blocked ``xb`` (see :func:`encode_blocks`)."""
+def _encode_rows(
+    bf: BlockFormat, xb, rand, mode: RoundMode, nbits: int, backend: Backend, tensor_amax: float | None = None
+):
+    """Element codes, scale codes and tensor scale of blocked ``xb`` (see :func:`encode_blocks`);
+    the element cast runs where ``backend`` says (:func:`fpsim.emulate.element.encode_array`:
+    the compiled loop gives the numpy tier's codes, tests/emulate/test_block_backend.py)."""
     axes = tuple(range(1, xb.ndim, 2))
     ignore_nan = bf.rule in (ScaleRule.TE, ScaleRule.NVFP4) or isinstance(bf.element, Codebook)
     # fmaxf reductions skip NaN, torch.amax propagates it (decided on the bits, whatever the NaN)
@@ -217,7 +221,9 @@ def _encode_rows(bf: BlockFormat, xb, rand, mode: RoundMode, nbits: int, tensor_
         if isinstance(bf.element, Codebook):
             return codebook_codes(xb, amax, bf.element, mode, rand, nbits)
         v, scales, tensor = prescale(xb, amax, bf, tensor_amax)
-        codes = element.encode_array(v, bf.element, mode, saturate=True, rand=rand, nbits=nbits)
+        codes = element.encode_array(
+            v, bf.element, mode, saturate=True, rand=rand, nbits=nbits, backend=backend
+        )
         return codes, scales, tensor
 
 
