@@ -117,6 +117,7 @@ def encode_array(
     """:func:`encode_blocks` of a float32 array with resolved arguments; ``rand``: the checked
     uint32 words of a stochastic rounding (``x``'s shape), else None."""
     work, blk = block_geometry(x.shape, bf)
+    blk = _tight(work, blk)
     given_amax = tensor_amax is not None and bf.block is None  # the loop takes amaxes from x
     if not given_amax and compiled_codebook(bf, mode, work, backend):
         return _encode_codebook_compiled(x, bf)
@@ -242,6 +243,7 @@ def decode_array(encoded: BlockCodes, bf: BlockFormat, backend: Backend) -> np.n
         )
     codes = np.asarray(encoded.codes)
     work, blk = block_geometry(codes.shape, bf)
+    blk = _tight(work, blk)
     if compiled_codebook(bf, RoundMode.NEAREST_EVEN, work, backend) and codes.dtype == np.uint8:
         return _decode_codebook_compiled(codes, encoded.scales, bf)
     cb = _to_blocks(codes.reshape(work), blk)
@@ -317,6 +319,13 @@ def block_geometry(shape: tuple, bf: BlockFormat) -> tuple[tuple, tuple]:
                     f"block {b}, and padding is off (pad=False)"
                 )
     return work, blk
+
+
+def _tight(work: tuple, blk: tuple) -> tuple:
+    """The blocks with an axis shorter than its block cut to that axis: its one block is the
+    same block without the zero padding (which never raises an amax), so the same codes and
+    scales come out of less work."""
+    return tuple(t if 0 < t < b else b for t, b in zip(work, blk))
 
 
 def _to_blocks(a: np.ndarray, blk: tuple) -> np.ndarray:
