@@ -312,14 +312,15 @@ def hadamard16(a: np.ndarray) -> np.ndarray:
     # the 16 entries of each chunk down the first axis (v[j] = s_j * entry j of every chunk,
     # exact), so that each butterfly stage adds and subtracts long contiguous rows
     v, w = np.empty((16, rows)), np.empty((16, rows))
-    np.multiply(np.reshape(a, (rows, 16)).T, _SIGNS[:, None], out=v)
-    h = 1
-    while h < 16:  # butterfly: entries j and j + h of each 2h-group, ping-pong between v and w
-        src, dst = v.reshape(16 // (2 * h), 2, h * rows), w.reshape(16 // (2 * h), 2, h * rows)
-        np.add(src[:, 0], src[:, 1], out=dst[:, 0])
-        np.subtract(src[:, 0], src[:, 1], out=dst[:, 1])
-        v, w = w, v
-        h *= 2
+    with np.errstate(invalid="ignore"):  # signaling NaNs in, inf - inf: NaN, as IEEE says
+        np.multiply(np.reshape(a, (rows, 16)).T, _SIGNS[:, None], out=v)
+        h = 1
+        while h < 16:  # butterfly: entries j and j + h of each 2h-group, ping-pong between v and w
+            src, dst = v.reshape(16 // (2 * h), 2, h * rows), w.reshape(16 // (2 * h), 2, h * rows)
+            np.add(src[:, 0], src[:, 1], out=dst[:, 0])
+            np.subtract(src[:, 0], src[:, 1], out=dst[:, 1])
+            v, w = w, v
+            h *= 2
     out = np.empty((rows, 16), _F32)  # the exact float64 v / 4, rounded once to float32
     np.multiply(v.T, 0.25, out=out, casting="same_kind")
     return out.reshape(a.shape)
