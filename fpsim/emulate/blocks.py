@@ -330,9 +330,11 @@ def _tight(work: tuple, blk: tuple) -> tuple:
 
 def _to_blocks(a: np.ndarray, blk: tuple) -> np.ndarray:
     """Pad each axis with zeros to a multiple of its block; axes become (count, block) pairs."""
-    pads = [(0, (-t) % b) for t, b in zip(a.shape, blk)]
-    if any(p for _, p in pads):
-        a = np.pad(a, pads)
+    padded = tuple(t + (-t) % b for t, b in zip(a.shape, blk))
+    if padded != a.shape:  # (np.pad costs more than the copy on small tensors)
+        out = np.zeros(padded, a.dtype)
+        out[tuple(slice(0, t) for t in a.shape)] = a
+        a = out
     return a.reshape([n for t, b in zip(a.shape, blk) for n in (t // b, b)])
 
 

@@ -390,12 +390,17 @@ def quantize_operand(
 
 
 def delayed_cast(
-    a: np.ndarray, policy: DelayedScaling, state: DelayedState, *, stats: bool = False
+    a: np.ndarray,
+    policy: DelayedScaling,
+    state: DelayedState,
+    *,
+    stats: bool = False,
+    backend: Backend = Backend.NUMPY,
 ) -> tuple[np.ndarray, DelayedState, OperandStats | None]:
     """One step of delayed scaling of tensor ``a``: :meth:`fpsim.DelayedScaling.step` (the cast
-    with the state's scale, then the history and scale update), and the values the GEMMs read,
-    ``f32(element value * f32(1 / scale))``."""
-    enc, new = policy.step(state, a)
+    with the state's scale, on ``backend``, then the history and scale update), and the values
+    the GEMMs read, ``f32(element value * f32(1 / scale))``."""
+    enc, new = policy.step(state, a, backend=backend)
     ev = element.decode_array(enc.codes, policy._fmt)
     s = enc.scales.view(_F32)[0]
     q = np.ascontiguousarray((ev * s).astype(_F32))
