@@ -117,6 +117,7 @@ def encode_array(
     """:func:`encode_blocks` of a float32 array with resolved arguments; ``rand``: the checked
     uint32 words of a stochastic rounding (``x``'s shape), else None."""
     work, blk = block_geometry(x.shape, bf)
+    blk = _tight(work, blk)
     given_amax = tensor_amax is not None and bf.block is None  # the loop takes amaxes from x
     if not given_amax and compiled_codebook(bf, mode, work, backend):
         return _encode_codebook_compiled(x, bf)
@@ -126,13 +127,13 @@ def encode_array(
     rows = _rows_per_chunk(bf, xb)
     if rows < xb.shape[0]:  # whole rows of blocks are independent of each other
         parts = [
-            _encode_rows(bf, xb[i : i + rows], None if rb is None else rb[i : i + rows], mode, nbits)
+            _encode_rows(bf, xb[i : i + rows], None if rb is None else rb[i : i + rows], mode, nbits, backend)
             for i in range(0, xb.shape[0], rows)
         ]
         codes = np.concatenate([c for c, _, _ in parts])
         scales, tensor = np.concatenate([s for _, s, _ in parts]), None
     else:
-        codes, scales, tensor = _encode_rows(bf, xb, rb, mode, nbits, tensor_amax)
+        codes, scales, tensor = _encode_rows(bf, xb, rb, mode, nbits, backend, tensor_amax)
     return BlockCodes(_from_blocks(codes, work).reshape(x.shape), scales.reshape(grid), tensor)
 
 
@@ -205,8 +206,12 @@ def _rows_per_chunk(bf: BlockFormat, xb: np.ndarray) -> int:
     return max(1, (1 << 16) // max(1, math.prod(xb.shape[1:])))
 
 
-def _encode_rows(bf: BlockFormat, xb, rand, mode: RoundMode, nbits: int, tensor_amax: float | None = None):
-    """Element codes, scale codes and tensor scale of blocked ``xb`` (see :func:`encode_blocks`)."""
+def _encode_rows(
+    bf: BlockFormat, xb, rand, mode: RoundMode, nbits: int, backend: Backend, tensor_amax: float | None = None
+):
+    """Element codes, scale codes and tensor scale of blocked ``xb`` (see :func:`encode_blocks`);
+    the element cast runs where ``backend`` says (:func:`fpsim.emulate.element.encode_array`:
+    the compiled loop gives the numpy tier's codes, tests/emulate/test_block_backend.py)."""
     axes = tuple(range(1, xb.ndim, 2))
     ignore_nan = bf.rule in (ScaleRule.TE, ScaleRule.NVFP4) or isinstance(bf.element, Codebook)
     # fmaxf reductions skip NaN, torch.amax propagates it (decided on the bits, whatever the NaN)
@@ -217,7 +222,9 @@ def _encode_rows(bf: BlockFormat, xb, rand, mode: RoundMode, nbits: int, tensor_
         if isinstance(bf.element, Codebook):
             return codebook_codes(xb, amax, bf.element, mode, rand, nbits)
         v, scales, tensor = prescale(xb, amax, bf, tensor_amax)
-        codes = element.encode_array(v, bf.element, mode, saturate=True, rand=rand, nbits=nbits)
+        codes = element.encode_array(
+            v, bf.element, mode, saturate=True, rand=rand, nbits=nbits, backend=backend
+        )
         return codes, scales, tensor
 
 
@@ -236,6 +243,7 @@ def decode_array(encoded: BlockCodes, bf: BlockFormat, backend: Backend) -> np.n
         )
     codes = np.asarray(encoded.codes)
     work, blk = block_geometry(codes.shape, bf)
+    blk = _tight(work, blk)
     if compiled_codebook(bf, RoundMode.NEAREST_EVEN, work, backend) and codes.dtype == np.uint8:
         return _decode_codebook_compiled(codes, encoded.scales, bf)
     cb = _to_blocks(codes.reshape(work), blk)
@@ -313,11 +321,20 @@ def block_geometry(shape: tuple, bf: BlockFormat) -> tuple[tuple, tuple]:
     return work, blk
 
 
+def _tight(work: tuple, blk: tuple) -> tuple:
+    """The blocks with an axis shorter than its block cut to that axis: its one block is the
+    same block without the zero padding (which never raises an amax), so the same codes and
+    scales come out of less work."""
+    return tuple(t if 0 < t < b else b for t, b in zip(work, blk))
+
+
 def _to_blocks(a: np.ndarray, blk: tuple) -> np.ndarray:
     """Pad each axis with zeros to a multiple of its block; axes become (count, block) pairs."""
-    pads = [(0, (-t) % b) for t, b in zip(a.shape, blk)]
-    if any(p for _, p in pads):
-        a = np.pad(a, pads)
+    padded = tuple(t + (-t) % b for t, b in zip(a.shape, blk))
+    if padded != a.shape:  # (np.pad costs more than the copy on small tensors)
+        out = np.zeros(padded, a.dtype)
+        out[tuple(slice(0, t) for t in a.shape)] = a
+        a = out
     return a.reshape([n for t, b in zip(a.shape, blk) for n in (t // b, b)])
 
 

@@ -33,6 +33,7 @@ from typing import Any, Protocol, TypeVar, runtime_checkable
 
 import numpy as np
 
+from .._compiled import Backend
 from ..formats import Format, RoundMode, get_format
 from ..formats.amax import amax_ignore_nan
 from . import element
@@ -133,21 +134,31 @@ class DelayedScaling:
         rng: np.random.Generator | int | None = None,
         stochastic_bits: int = 32,
         subnormals: bool = True,
+        backend: Backend | str = "auto",
     ) -> tuple[BlockCodes, DelayedState]:
         """Cast ``x`` with ``state.scale``, then update; returns the codes and the next state.
 
         The BlockCodes hold the decode scale ``f32(1/scale)`` as one float32 scale code.
         ``random_bits``, ``rng``, ``stochastic_bits`` and ``subnormals`` are those of
-        :func:`fpsim.emulate.element.encode`, for the element cast.
+        :func:`fpsim.emulate.element.encode`, for the element cast; ``backend`` where it runs
+        (:meth:`fpsim.Backend.resolve` with ``x``'s size; the same codes either way).
         """
         mode = RoundMode.parse(rounding)
         x = float32_input(x)
+        backend = Backend.resolve(backend, x.size)
         rand = stochastic_words(np, mode, random_bits, rng, x.shape, stochastic_bits)
         scale = _F32(state.scale)
         with np.errstate(over="ignore", invalid="ignore"):  # x * FLT_MAX may overflow: saturates
             scaled = np.asarray(x * scale)
         codes = element.encode_array(
-            scaled, self._fmt, mode, saturate=True, subnormals=subnormals, rand=rand, nbits=stochastic_bits
+            scaled,
+            self._fmt,
+            mode,
+            saturate=True,
+            subnormals=subnormals,
+            rand=rand,
+            nbits=stochastic_bits,
+            backend=backend,
         )
         scale_inv = np.asarray(_F32(1) / scale).reshape(1).view(np.uint32)
         hist = state.history.astype(_F32, copy=True)

@@ -310,14 +310,22 @@ def hadamard16(a: np.ndarray) -> np.ndarray:
     n = a.shape[-1]
     if n % 16:
         raise ValueError(f"the Hadamard transform needs a contraction length divisible by 16, got {n}")
-    v = (a.astype(np.float64) * np.tile(_SIGNS, n // 16)).reshape(-1, 16)
-    h = 1
-    while h < 16:  # butterfly: rows [..., j] and [..., j + h] of each 2h-group
-        v = v.reshape(-1, 16 // (2 * h), 2, h)
-        lo, hi = v[:, :, 0, :], v[:, :, 1, :]
-        v = np.stack([lo + hi, lo - hi], axis=2)
-        h *= 2
-    return (v.reshape(a.shape) * 0.25).astype(_F32)
+    rows = a.size // 16
+    # the 16 entries of each chunk down the first axis (v[j] = s_j * entry j of every chunk,
+    # exact), so that each butterfly stage adds and subtracts long contiguous rows
+    v, w = np.empty((16, rows)), np.empty((16, rows))
+    with np.errstate(invalid="ignore"):  # signaling NaNs in, inf - inf: NaN, as IEEE says
+        np.multiply(np.reshape(a, (rows, 16)).T, _SIGNS[:, None], out=v)
+        h = 1
+        while h < 16:  # butterfly: entries j and j + h of each 2h-group, ping-pong between v and w
+            src, dst = v.reshape(16 // (2 * h), 2, h * rows), w.reshape(16 // (2 * h), 2, h * rows)
+            np.add(src[:, 0], src[:, 1], out=dst[:, 0])
+            np.subtract(src[:, 0], src[:, 1], out=dst[:, 1])
+            v, w = w, v
+            h *= 2
+    out = np.empty((rows, 16), _F32)  # the exact float64 v / 4, rounded once to float32
+    np.multiply(v.T, 0.25, out=out, casting="same_kind")
+    return out.reshape(a.shape)
 
 
 @dataclass(frozen=True)
@@ -388,12 +396,17 @@ def quantize_operand(
 
 
 def delayed_cast(
-    a: np.ndarray, policy: DelayedScaling, state: DelayedState, *, stats: bool = False
+    a: np.ndarray,
+    policy: DelayedScaling,
+    state: DelayedState,
+    *,
+    stats: bool = False,
+    backend: Backend = Backend.NUMPY,
 ) -> tuple[np.ndarray, DelayedState, OperandStats | None]:
     """One step of delayed scaling of tensor ``a``: :meth:`fpsim.DelayedScaling.step` (the cast
-    with the state's scale, then the history and scale update), and the values the GEMMs read,
-    ``f32(element value * f32(1 / scale))``."""
-    enc, new = policy.step(state, a)
+    with the state's scale, on ``backend``, then the history and scale update), and the values
+    the GEMMs read, ``f32(element value * f32(1 / scale))``."""
+    enc, new = policy.step(state, a, backend=backend)
     ev = element.decode_array(enc.codes, policy._fmt)
     s = enc.scales.view(_F32)[0]
     q = np.ascontiguousarray((ev * s).astype(_F32))

@@ -163,7 +163,7 @@ class EmulatedLinear(torch.nn.Linear):
         """The delayed-scaling cast of ``a`` (in its own orientation; one per step, serving both
         GEMMs of the role), its state stepped."""
         q, self.delayed[role], st = delayed_cast(
-            a, self.recipe.operand(role).format, self.delayed[role], stats=self.stats
+            a, self.recipe.operand(role).format, self.delayed[role], stats=self.stats, backend=self.backend
         )
         for g in _USES[role]:
             self._record(self.recipe, step, g, role, st)
@@ -196,7 +196,7 @@ class EmulatedLinear(torch.nn.Linear):
                 if gemm is _USES[role][0]:
                     key = (recipe.name, role)
                     _, self.what_if_delayed[key], st = delayed_cast(
-                        a, op.format, self.what_if_delayed[key], stats=True
+                        a, op.format, self.what_if_delayed[key], stats=True, backend=self.backend
                     )
                     for g in _USES[role]:
                         self._record(recipe, step, g, role, st)

@@ -1,11 +1,15 @@
 """The ``backend=`` of the verbs: numpy and compiled give the same codes, scales and values.
 
 The compiled tier (:mod:`fpsim._compiled.loops`, numba) runs the nearest-entry codebook
-recipes; every comparison here is bit for bit (NaN by class), the numpy path forced with
-``backend="numpy"``, on data with NaNs of every kind (quiet and signaling, both signs).
+recipes, and the element cast of the scaled recipes (MX, NVFP4, TE's per-tensor, per-block and
+tile scaling) in :mod:`fpsim._compiled.measure`'s loop; every comparison here is bit for bit
+(NaN by class), the numpy path forced with ``backend="numpy"``, on data with NaNs of every
+kind (quiet and signaling, both signs).
 """
 
 from __future__ import annotations
+
+import math
 
 import numpy as np
 import pytest
@@ -13,6 +17,7 @@ from oracles import with_nans
 
 import fpsim
 from fpsim import Backend
+from fpsim._compiled import available as compiled_available
 from fpsim.emulate import blocks
 from fpsim.formats import BlockFormat, Codebook, RoundMode, ScaleRule
 
@@ -52,6 +57,51 @@ def test_block_verbs_numpy_and_compiled_agree(name):
     np.testing.assert_array_equal(e_c.codes, e_n.codes)
     np.testing.assert_array_equal(e_c.scales, e_n.scales)
     _same_values(v_c, v_n)
+
+
+_F = fpsim.FORMATS
+SCALED = [  # the GEMM recipes' block formats (fpsim.train.gemm) and the registry's scaled ones
+    BlockFormat("mxfp8_rceil", _F["float8_e4m3fn"], (32,), ScaleRule.MX_RCEIL, _F["float8_e8m0fnu"]),
+    BlockFormat("nvfp4_tile16", _F["float4_e2m1fn"], (16, 16), ScaleRule.NVFP4, _F["float8_e4m3fn"]),
+    *(
+        fpsim.RECIPES[n]
+        for n in ("mxfp8_e4m3", "mxfp4_e2m1", "mxint8", "nvfp4", "int8_block256")
+        + ("e4m3_tensor", "e5m2_tensor", "e4m3_block128", "e4m3_tile128")
+    ),
+]
+
+
+@pytest.mark.parametrize("rounding", ["nearest_even", "stochastic"])
+@pytest.mark.parametrize("bf", SCALED, ids=lambda f: f.name)
+def test_scaled_block_formats_numpy_and_compiled_agree(bf, rounding):
+    """Codes, scales, tensor scale and values, on ragged shapes (blocks and tiles cut by the
+    edges, an axis shorter than the block) holding NaNs of every kind, infinities, zeros."""
+    pytest.importorskip("numba")
+    for shape in ((37, 300), (5, 20), (130, 48)):
+        x = _data(math.prod(shape), False).reshape(shape)
+        kw = {"rounding": rounding}
+        if rounding == "stochastic":
+            kw["random_bits"] = np.random.default_rng(1).integers(0, 2**32, shape, dtype=np.uint32)
+        got = {b: fpsim.encode(x, bf, backend=b, **kw) for b in ("numpy", "compiled")}
+        np.testing.assert_array_equal(got["numpy"].codes, got["compiled"].codes)
+        np.testing.assert_array_equal(got["numpy"].scales, got["compiled"].scales)
+        assert got["numpy"].tensor_scale == got["compiled"].tensor_scale
+        _same_values(fpsim.decode(got["compiled"], bf, backend="compiled"), fpsim.decode(got["numpy"], bf))
+
+
+@pytest.mark.parametrize("bf", SCALED[:2] + SCALED[-2:], ids=lambda f: f.name)
+def test_a_short_axis_is_one_zero_padded_block(bf):
+    """An axis shorter than its block gives the codes and scales of the tensor padded with
+    zeros to the block (the oracle pads by hand), on both backends."""
+    x = _data(40 * 12, False).reshape(40, 12)
+    rows = bf.block[0] if len(bf.block) == 2 else 1
+    padded = np.zeros((-(-40 // rows) * rows, bf.block[-1]), np.float32)
+    padded[:40, :12] = x
+    want = fpsim.encode(padded, bf, backend="numpy")
+    for b in ("numpy", "compiled") if compiled_available() else ("numpy",):
+        got = fpsim.encode(x, bf, backend=b)
+        np.testing.assert_array_equal(got.codes, want.codes[:40, :12])
+        np.testing.assert_array_equal(got.scales, want.scales)
 
 
 def test_compiled_codebook_follows_the_backend():

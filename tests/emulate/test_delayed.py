@@ -207,6 +207,30 @@ def test_saturation_when_the_tensor_outgrows_the_delayed_scale():
     R.assert_hex_equal(codes.codes, [0x7E, 0xFE, 0x7E], "saturated codes")
 
 
+@pytest.mark.parametrize("element", ["float8_e4m3fn", "float8_e5m2"])
+def test_backends_give_the_same_steps(element):
+    """The cast on the compiled backend gives the numpy tier's codes (NaNs of every kind,
+    infinities, saturation, flushed subnormals, stochastic rounding) and the same states."""
+    pytest.importorskip("numba")
+    from oracles import with_nans
+
+    ds = DelayedScaling(element, history_len=4)
+    rng = np.random.default_rng(7)
+    states = {b: ds.init() for b in ("numpy", "compiled")}
+    for step in range(4):
+        x = (rng.standard_normal(3000) * np.exp2(rng.integers(-30, 10, 3000)) * 10.0**step).astype(F32)
+        x = with_nans(x, start=step)
+        x[-3:] = [np.inf, -np.inf, 0.0]
+        words = rng.integers(0, 2**32, x.shape, dtype=np.uint32)
+        for kw in ({}, {"subnormals": False}, {"rounding": "stochastic", "random_bits": words}):
+            got = {b: ds.step(states[b], x, backend=b, **kw) for b in states}
+            np.testing.assert_array_equal(got["numpy"][0].codes, got["compiled"][0].codes)
+            np.testing.assert_array_equal(got["numpy"][0].scales, got["compiled"][0].scales)
+        states = {b: got[b][1] for b in states}
+        assert states["numpy"].scale == states["compiled"].scale
+        assert np.array_equal(states["numpy"].history, states["compiled"].history)
+
+
 def test_run_equals_steps():
     ds = DelayedScaling(history_len=4)
     xs = [tensor_with_amax(a, seed=40 + i) for i, a in enumerate(AMAXES)]

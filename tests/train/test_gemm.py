@@ -42,7 +42,8 @@ def _wide(rng, shape) -> np.ndarray:
 
 def _oracle_operand(recipe: GemmRecipe, role: str, gemm: Gemm, a: np.ndarray) -> np.ndarray:
     """fpsim.quantize of the oriented operand ``a`` under the recipe (RHT and words as TE's
-    NVFP4 recipe asks, the words from operand_seed of the module "linear" at step 1)."""
+    NVFP4 recipe asks, the words from operand_seed of the module "linear" at step 1), on the
+    numpy reference tier."""
     op = recipe.operand(role)
     if op.hadamard and gemm is Gemm.WGRAD:
         a = G.hadamard16(a)
@@ -50,7 +51,7 @@ def _oracle_operand(recipe: GemmRecipe, role: str, gemm: Gemm, a: np.ndarray) ->
     if op.stochastic:
         seed = operand_seed(recipe.seed, "linear", 1, gemm, role)
         kw = {"rounding": "stochastic", "random_bits": random_bits_at(seed, 0, a.size).reshape(a.shape)}
-    return np.asarray(fpsim.quantize(np.ascontiguousarray(a), op.format, **kw))
+    return np.asarray(fpsim.quantize(np.ascontiguousarray(a), op.format, backend="numpy", **kw))
 
 
 def test_presets_follow_transformer_engines_recipes():
@@ -84,8 +85,15 @@ def test_presets_follow_transformer_engines_recipes():
     assert GEMM_RECIPES["bf16"].input.format.name == "bfloat16"
 
 
+def _backends() -> list[str]:
+    from fpsim._compiled import available
+
+    return ["numpy", "compiled"] if available() else ["numpy"]
+
+
+@pytest.mark.parametrize("backend", _backends())
 @pytest.mark.parametrize("name", ["bf16", "fp8-current", "fp8-block", "mxfp8", "nvfp4"])
-def test_one_linear_equals_matmuls_of_quantized_operands(name):
+def test_one_linear_equals_matmuls_of_quantized_operands(name, backend):
     """y, dx and dW equal FP32 matmuls of what fpsim.quantize gives for x, W, dy oriented with
     each GEMM's contraction axis last, bit for bit; the bias and its gradient in FP32."""
     recipe = GEMM_RECIPES[name]
@@ -96,7 +104,7 @@ def test_one_linear_equals_matmuls_of_quantized_operands(name):
     with torch.no_grad():
         lin.weight.copy_(torch.tensor(w))
         lin.bias.copy_(torch.tensor(b))
-    lin = convert(lin, recipe)
+    lin = convert(lin, recipe, backend=backend)
     assert isinstance(lin, EmulatedLinear)
     xt = torch.tensor(x, requires_grad=True)
     y = lin(xt)
@@ -113,6 +121,36 @@ def test_one_linear_equals_matmuls_of_quantized_operands(name):
     assert np.array_equal(_bits(lin.bias.grad), _bits(torch.tensor(dy2).sum(0)))
     # the emulation changes the numbers (so the comparison above can fail)
     assert not np.array_equal(_bits(y).reshape(-1, 32), _bits(_mm(x2, w) + torch.tensor(b)))
+
+
+_OPERANDS = [
+    (name, role, gemm)
+    for name in ("bf16", "fp8-current", "fp8-block", "mxfp8", "nvfp4")
+    for role, gemms in (("input", "fw"), ("weight", "fd"), ("grad_output", "dw"))
+    for gemm in (g for g in Gemm if g.value[0] in gemms)
+]
+
+
+@pytest.mark.parametrize(("name", "role", "gemm"), _OPERANDS, ids=lambda v: getattr(v, "value", v))
+def test_each_operand_on_each_backend_is_fpsim_quantize(name, role, gemm):
+    """quantize_operand (the Hadamard transform and the words as EmulatedLinear makes them)
+    equals fpsim.quantize on the numpy tier, on ragged shapes holding NaNs of every kind (by
+    class), infinities and zeros; the compiled backend included."""
+    from oracles import with_nans
+
+    recipe = GEMM_RECIPES[name]
+    rng = np.random.default_rng(5)
+    for shape in ((37, 80), (130, 48), (3, 16)):
+        a = with_nans(_wide(rng, shape).reshape(-1), start=3).reshape(shape)
+        a.reshape(-1)[:3] = [np.inf, -np.inf, 0.0]
+        want = _oracle_operand(recipe, role, gemm, a)
+        lin = convert(torch.nn.Linear(16, 16), recipe)
+        for backend in _backends():
+            lin.backend = fpsim.Backend(backend)
+            got = lin._quantize(a, recipe, role, gemm, 1, False)[0]
+            nan = np.isnan(want)
+            assert np.array_equal(np.isnan(got), nan), (backend, shape)
+            assert np.array_equal(_bits(got)[~nan], _bits(want)[~nan]), (backend, shape)
 
 
 def test_the_transpose_is_quantized_from_high_precision():
