@@ -9,7 +9,10 @@ Runs: ``fp32`` is added first to the optimizer-state configurations (``--config`
 ``--config`` and ``--gemm``: ``int8-states``, ``fp8-states``, ``bnb-8bit-all``) and, with
 ``--gemm``, to the GEMM recipes; then every configuration runs with every recipe (run
 ``config/recipe``), so the first run is the FP32 reference ``fp32/fp32`` and each
-configuration and each recipe is also run alone against FP32."""
+configuration and each recipe is also run alone against FP32.
+
+torch runs on one thread while the command trains (the bundled models are tiny: handing their
+small matrices to a thread pool costs more than it saves), its thread count restored after."""
 
 from __future__ import annotations
 
@@ -84,6 +87,8 @@ def runs(configs: list[str] | None, gemm: list[str] | None) -> tuple[list[str], 
 
 def run(args: argparse.Namespace) -> int:
     """Train, print and write; returns the exit status (0)."""
+    import torch
+
     from ..report.train import ab_text, write_ab_report
     from ..train.ab import MODELS, run_ab
 
@@ -91,10 +96,15 @@ def run(args: argparse.Namespace) -> int:
     data = model.data(args.seed)
     names, gemm = runs(args.config, args.gemm)
     lr = model.lr if args.lr is None else args.lr
-    result = run_ab(
-        model.build, data.batches(args.seed, args.steps, model.batch), names, steps=args.steps, gemm=gemm,
-        lr=lr, seed=args.seed, progress=not args.no_progress, held_out=data.held_out(),
-    )  # fmt: skip
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        result = run_ab(
+            model.build, data.batches(args.seed, args.steps, model.batch), names, steps=args.steps,
+            gemm=gemm, lr=lr, seed=args.seed, progress=not args.no_progress, held_out=data.held_out(),
+        )  # fmt: skip
+    finally:
+        torch.set_num_threads(threads)
     title = f"fpsim ab: {args.model}, AdamW lr {lr:g}, seed {args.seed}"
     paths = write_ab_report(result.frame(), args.out, title)
     summary = {

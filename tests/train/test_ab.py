@@ -206,7 +206,9 @@ def test_run_ab_refuses_bad_gemm_recipes():
 def test_cli_ab_gemm_runs_every_config_with_every_recipe(tmp_path, capsys):
     """``--config`` x ``--gemm``, fp32 first in both; the fp32/fp32 run is run_ab's FP32 run."""
     argv = ["ab", "--steps", "2", "--config", "int8-states", "--gemm", "mxfp8", "--out", str(tmp_path)]
+    torch.set_num_threads(2)  # the command trains on one thread and restores the count
     assert main([*argv, "--json", "--no-progress"]) == 0
+    assert torch.get_num_threads() == 2
     out = json.loads(capsys.readouterr().out)
     assert out["configs"] == ["fp32", "int8-states"] and out["gemm"] == ["fp32", "mxfp8"]
     runs = [r["run"] for r in out["results"]]
