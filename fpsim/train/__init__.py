@@ -4,7 +4,8 @@
   taking a replay configuration (``config=``).
 - :mod:`fpsim.train.optax`: ``adamw``, ``adam``, ``sgd`` as ``optax.GradientTransformation``.
 - :mod:`fpsim.train.ab`: :func:`~fpsim.train.ab.run_ab`, one model trained under several
-  configurations from the same start and batches, and the bundled models of ``fpsim ab``.
+  configurations and GEMM recipes from the same start and batches, and the bundled models of
+  ``fpsim ab``.
 - :mod:`fpsim.train.gemm` (recipes, on numpy) and :mod:`fpsim.train.linear` (torch layers,
   :func:`~fpsim.train.linear.convert`, re-exported by :mod:`fpsim.train.torch`): emulated
   low-precision GEMMs, Transformer Engine's FP8, MX and NVFP4 recipes in the forward and

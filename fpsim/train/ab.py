@@ -1,14 +1,22 @@
-"""A/B one model under several optimizer-state configurations: :func:`run_ab`, and the bundled
-models of ``fpsim ab`` (:data:`MODELS`).
+"""A/B one model under several optimizer-state configurations and GEMM recipes: :func:`run_ab`,
+and the bundled models of ``fpsim ab`` (:data:`MODELS`).
 
-:func:`run_ab` trains ``model_factory()`` once per configuration with
-:class:`fpsim.train.torch.AdamW` (or ``Adam`` / ``SGD``), every run from the same initial
-parameters (the first model's, copied into each) and on the same batches (the first ``steps``
-items of ``batches``, kept in memory), and returns the loss of every step and per
-configuration the final and best loss, the first step whose loss is not finite (the run stops
-there), the bytes of optimizer state per parameter, measured on the tensors the optimizer
-holds (codes, scales and FP32 states; the step counters excluded), and, given ``held_out``
-examples, the accuracy of the final model on them.
+:func:`run_ab` trains ``model_factory()`` once per run with :class:`fpsim.train.torch.AdamW`
+(or ``Adam`` / ``SGD``), every run from the same initial parameters (the first model's, copied
+into each) and on the same batches (the first ``steps`` items of ``batches``, kept in memory),
+and returns the loss of every step and per run the final and best loss, the first step whose
+loss is not finite (the run stops there), the bytes of optimizer state per parameter, measured
+on the tensors the optimizer holds (codes, scales and FP32 states; the step counters excluded),
+and, given ``held_out`` examples, the accuracy of the final model on them.
+
+Runs (:class:`Run`): without ``gemm``, one per optimizer-state configuration, named after it,
+the model's GEMMs in FP32. With ``gemm=[...]`` (GEMM recipes of :mod:`fpsim.train.gemm`, or
+``"fp32"``: the model as built), one per (configuration, recipe) pair, configuration-major,
+named ``config/recipe``: each model's ``nn.Linear`` modules converted to the recipe
+(:func:`fpsim.train.linear.convert`, ``stats=True``) after the initial parameters are loaded.
+Those runs also keep their GEMM statistics (``ABResult.gemm_stats``) and rank the layers by
+underflow at the end (:func:`underflow_ranking`). ``fpsim ab`` adds ``fp32`` to both lists,
+first, so its first run is the FP32 reference ``fp32/fp32``.
 
 The bundled models (``fpsim ab --model NAME``), each with its :class:`Data` (training
 examples, held-out examples and what they are, ``source``):
@@ -30,7 +38,7 @@ from __future__ import annotations
 
 import copy
 import math
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -44,11 +52,14 @@ __all__ = [
     "MODELS",
     "BundledModel",
     "Data",
+    "FP32_GEMM",
+    "Run",
     "digits",
     "digits_data",
     "run_ab",
     "state_bytes",
     "uci_digits",
+    "underflow_ranking",
 ]
 
 _GLYPHS = (
@@ -208,48 +219,104 @@ MODELS: dict[str, BundledModel] = {
 """The models ``fpsim ab --model NAME`` trains."""
 
 
+FP32_GEMM = "fp32"
+"""In ``run_ab(gemm=[...])`` and ``fpsim ab --gemm``: the model's own GEMMs in FP32 (not converted)."""
+
+
+@dataclass(frozen=True)
+class Run:
+    """One run of :func:`run_ab`: the optimizer-state configuration ``config``, the GEMM recipe
+    ``gemm`` (a recipe's name, or ``"fp32"``: the model's own FP32 GEMMs) and the run's
+    ``name`` (``config`` without ``gemm=``, else ``config/gemm``)."""
+
+    config: str
+    gemm: str
+    name: str
+
+
 @dataclass
 class ABResult:
-    """What :func:`run_ab` measured: ``losses[config]`` the loss of each step run (a run
-    stops at its first non-finite loss), ``bytes_per_param[config]`` the measured optimizer
-    state, ``parameters`` the model's parameter count, ``accuracy[config]`` the share of the
-    held-out examples the final model classifies right (None for a run that stopped at a
-    non-finite loss; empty without held-out examples)."""
+    """What :func:`run_ab` measured, by run name: ``losses`` the loss of each step run (a run
+    stops at its first non-finite loss), ``bytes_per_param`` the measured optimizer state,
+    ``accuracy`` the share of the held-out examples the final model classifies right (None for
+    a run that stopped at a non-finite loss; empty without held-out examples); for the runs
+    with a GEMM recipe, ``gemm_stats`` every recorded operand statistic
+    (:func:`fpsim.train.linear.gemm_stats` after the last step, before the held-out examples)
+    and ``underflow`` the layers ranked by underflow (:func:`underflow_ranking`) at the last
+    step run in full (forward and backward: the last step, or the one before the first
+    non-finite loss; empty when there is none). ``parameters``: the model's parameter count."""
 
-    configs: list[str]
+    runs: list[Run]
     parameters: int
     losses: dict[str, list[float]] = field(default_factory=dict)
     bytes_per_param: dict[str, float] = field(default_factory=dict)
     accuracy: dict[str, float | None] = field(default_factory=dict)
+    gemm_stats: dict[str, list[dict]] = field(default_factory=dict)
+    underflow: dict[str, list[dict]] = field(default_factory=dict)
+
+    @property
+    def names(self) -> list[str]:
+        """The run names, in the order run."""
+        return [r.name for r in self.runs]
 
     def summary(self) -> dict[str, Any]:
-        """``{"parameters", "results": [{"config", "final_loss", "best_loss",
+        """``{"parameters", "results": [{"run", "config", "gemm", "final_loss", "best_loss",
         "first_nonfinite_step", "state_bytes_per_param", "steps"}]}`` (non-finite losses as
-        None; steps are 1-based), and in each result ``"accuracy"`` where it was measured."""
+        None; steps are 1-based), and in each result ``"accuracy"`` where it was measured and
+        ``"underflow_ranking"`` for the runs with a GEMM recipe."""
         rows = []
-        for c in self.configs:
+        for run in self.runs:
+            c = run.name
             ls = self.losses[c]
             finite = [x for x in ls if math.isfinite(x)]
             bad = next((i + 1 for i, x in enumerate(ls) if not math.isfinite(x)), None)
             rows.append(
                 {
-                    "config": c,
+                    "run": c,
+                    "config": run.config,
+                    "gemm": run.gemm,
                     "steps": len(ls),
                     "final_loss": ls[-1] if ls and math.isfinite(ls[-1]) else None,
                     "best_loss": min(finite) if finite else None,
                     "first_nonfinite_step": bad,
                     "state_bytes_per_param": self.bytes_per_param[c],
                     **({"accuracy": self.accuracy[c]} if c in self.accuracy else {}),
+                    **({"underflow_ranking": self.underflow[c]} if c in self.underflow else {}),
                 }
             )
         return {"parameters": self.parameters, "results": rows}
 
     def frame(self) -> Any:
-        """The losses as a pandas DataFrame with columns ``step``, ``config``, ``loss``."""
+        """The losses as a pandas DataFrame with columns ``step``, ``run``, ``config``, ``gemm``,
+        ``loss``."""
         import pandas as pd
 
-        rows = [(i + 1, c, x) for c in self.configs for i, x in enumerate(self.losses[c])]
-        return pd.DataFrame(rows, columns=["step", "config", "loss"])
+        rows = [
+            (i + 1, r.name, r.config, r.gemm, x) for r in self.runs for i, x in enumerate(self.losses[r.name])
+        ]
+        return pd.DataFrame(rows, columns=["step", "run", "config", "gemm", "loss"])
+
+
+def underflow_ranking(rows: Iterable[Mapping[str, Any]], step: int) -> list[dict]:
+    """The layers ranked by underflow at ``step``, from :func:`fpsim.train.linear.gemm_stats`
+    rows: per module the operand (GEMM and role) with the largest ``underflow_pct`` (the first,
+    in the rows' order, among equals), modules by that share, largest first (module order among
+    equals). Returns ``[{"module", "underflow_pct", "gemm", "role"}]``; empty when no row has
+    that step.
+
+    Raises:
+        ValueError: a row whose underflow is NaN (an empty operand) at that step.
+    """
+    worst: dict[str, dict] = {}
+    for r in rows:
+        if r["step"] != step:
+            continue
+        if math.isnan(r["underflow_pct"]):
+            raise ValueError(f"underflow_ranking: {r['module']} {r['gemm']} {r['role']} has no elements")
+        best = worst.get(r["module"])
+        if best is None or r["underflow_pct"] > best["underflow_pct"]:
+            worst[r["module"]] = {k: r[k] for k in ("module", "underflow_pct", "gemm", "role")}
+    return sorted(worst.values(), key=lambda w: -w["underflow_pct"])
 
 
 def _cross_entropy(model: Any, batch: Any) -> Any:
@@ -259,12 +326,43 @@ def _cross_entropy(model: Any, batch: Any) -> Any:
     return torch.nn.functional.cross_entropy(model(x), y)
 
 
+def _gemm_recipes(gemm: Sequence[Any] | None) -> dict[str, Any] | None:
+    """``gemm=`` as {name: GemmRecipe, or None for ``"fp32"``}, checked."""
+    from .gemm import GEMM_RECIPES, GemmRecipe
+
+    if gemm is None:
+        return None
+    if isinstance(gemm, (str, GemmRecipe)):
+        raise TypeError(f"run_ab: gemm takes a list of recipes, got the single {gemm!r}: pass [{gemm!r}]")
+    allowed = ", ".join([FP32_GEMM, *GEMM_RECIPES])
+    out: dict[str, Any] = {}
+    for g in gemm:
+        if isinstance(g, str):
+            if g != FP32_GEMM and g not in GEMM_RECIPES:
+                raise ValueError(f"run_ab: unknown GEMM recipe {g!r}; allowed: {allowed}")
+            name, recipe = g, (None if g == FP32_GEMM else GEMM_RECIPES[g])
+        elif isinstance(g, GemmRecipe):
+            if g.name == FP32_GEMM:
+                raise ValueError(f"run_ab: a GemmRecipe may not be named {FP32_GEMM!r} (the FP32 GEMMs)")
+            name, recipe = g.name, g
+        else:
+            got = type(g).__name__
+            raise TypeError(f"run_ab: a GEMM recipe is a name ({allowed}) or a GemmRecipe, got {got}")
+        if name in out:
+            raise ValueError(f"run_ab: need GEMM recipes with distinct names, got {name!r} twice")
+        out[name] = recipe
+    if not out:
+        raise ValueError(f"run_ab: gemm needs at least one recipe ({allowed}), or None")
+    return out
+
+
 def run_ab(
     model_factory: Callable[[], Any],
     batches: Iterable[Any],
     configs: Sequence[ReplayConfig | str],
     *,
     steps: int,
+    gemm: Sequence[Any] | None = None,
     lr: float = 1e-3,
     optimizer: str = "adamw",
     loss_fn: Callable[[Any, Any], Any] = _cross_entropy,
@@ -273,13 +371,18 @@ def run_ab(
     held_out: tuple[Any, Any] | None = None,
     **optimizer_kwargs: Any,
 ) -> ABResult:
-    """Train ``model_factory()`` under each configuration, from the same start and batches.
+    """Train ``model_factory()`` in each run, from the same start and batches (module doc).
 
     Args:
         model_factory: returns a torch module with float32 parameters.
         batches: the training batches; the first ``steps`` are used by every run.
         configs: preset names or :class:`ReplayConfig` objects (names must be unique).
         steps: optimizer steps per run.
+        gemm: None (one run per configuration, the model as built), or GEMM recipes: preset
+            names of :data:`fpsim.train.gemm.GEMM_RECIPES`, :class:`fpsim.train.gemm.GemmRecipe`
+            objects or ``"fp32"`` (not converted), names unique; then one run per configuration
+            and recipe, configuration-major, named ``config/recipe``. Stochastic roundings of a
+            recipe draw from its own ``GemmRecipe.seed``.
         lr: learning rate.
         optimizer: ``"adamw"``, ``"adam"`` or ``"sgd"`` (:mod:`fpsim.train.torch`).
         loss_fn: ``loss_fn(model, batch)`` -> scalar loss tensor (default: cross-entropy of
@@ -287,13 +390,15 @@ def run_ab(
         seed: seeds torch before the model is built (and the stochastic master rounding).
         progress: show a progress bar (tqdm).
         held_out: ``(x, y)`` tensors: after its last step, each run's model classifies ``x``
-            (the argmax of ``model(x)``, in eval mode, without gradients) and its
-            ``accuracy`` is the share equal to ``y``.
+            (the argmax of ``model(x)``, in eval mode, without gradients; converted layers run
+            their recipe) and its ``accuracy`` is the share equal to ``y``.
         optimizer_kwargs: further arguments of the optimizer (``weight_decay``, ``sqrt``, ...).
 
     Raises:
-        ValueError: an unknown optimizer or configuration, repeated configuration names, a
-            ``steps`` below 1, or fewer than ``steps`` batches.
+        ValueError: an unknown optimizer, configuration or GEMM recipe (the message lists the
+            allowed ones), repeated names, an empty ``gemm``, a ``steps`` below 1, or fewer
+            than ``steps`` batches.
+        TypeError: a ``gemm`` that is a single name or recipe instead of a list.
     """
     import torch
     from tqdm.auto import tqdm
@@ -309,6 +414,11 @@ def run_ab(
     names = [c.name for c in cfgs]
     if len(set(names)) != len(names) or not names:
         raise ValueError(f"run_ab: need configurations with distinct names, got {names}")
+    recipes = _gemm_recipes(gemm)
+    if recipes is None:
+        runs = [(c, None, Run(c.name, FP32_GEMM, c.name)) for c in cfgs]
+    else:
+        runs = [(c, r, Run(c.name, g, f"{c.name}/{g}")) for c in cfgs for g, r in recipes.items()]
     data = []
     for b in batches:
         if len(data) == steps:
@@ -319,15 +429,17 @@ def run_ab(
     torch.manual_seed(seed)
     first = model_factory()
     start = copy.deepcopy(first.state_dict())
-    result = ABResult(names, sum(p.numel() for p in first.parameters()))
-    bar = tqdm(total=steps * len(cfgs), disable=not progress, desc="ab", unit="step")
+    result = ABResult([r for *_, r in runs], sum(p.numel() for p in first.parameters()))
+    bar = tqdm(total=steps * len(runs), disable=not progress, desc="ab", unit="step")
     try:
-        for cfg in cfgs:
+        for cfg, recipe, run in runs:
             torch.manual_seed(seed)
             model = model_factory()
             model.load_state_dict(start)
+            if recipe is not None:
+                model = ftorch.convert(model, recipe, stats=True)
             opt = table[optimizer](model.named_parameters(), lr=lr, config=cfg, seed=seed, **optimizer_kwargs)
-            losses = result.losses[cfg.name] = []
+            losses = result.losses[run.name] = []
             for batch in data:
                 loss = loss_fn(model, batch)
                 losses.append(float(loss.detach()))
@@ -338,10 +450,13 @@ def run_ab(
                 loss.backward()
                 opt.step()
             bar.update(steps - len(losses))
-            result.bytes_per_param[cfg.name] = state_bytes(opt) / result.parameters
+            result.bytes_per_param[run.name] = state_bytes(opt) / result.parameters
+            finite = math.isfinite(losses[-1])
+            if recipe is not None:
+                rows = result.gemm_stats[run.name] = ftorch.gemm_stats(model)
+                result.underflow[run.name] = underflow_ranking(rows, len(losses) - (not finite))
             if held_out is not None:
-                finite = math.isfinite(losses[-1])
-                result.accuracy[cfg.name] = _accuracy(model, *held_out) if finite else None
+                result.accuracy[run.name] = _accuracy(model, *held_out) if finite else None
     finally:
         bar.close()
     return result
