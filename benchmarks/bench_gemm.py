@@ -1,56 +1,83 @@
-"""Emulated-GEMM training steps against FP32 steps, as ``fpsim ab --gemm`` runs them.
+"""Emulated-GEMM training speed on the CPU: one step under each GEMM recipe / one FP32 step.
 
-Run: ``python benchmarks/bench_gemm.py [--steps 3] [--warmup 1] [--tokens 256]
-[--models tiny,25m] [--recipes bf16,fp8-current,...] [--threads N] [--json OUT]``.
+Run: ``python benchmarks/bench_gemm.py [--steps 5] [--warmup 2] [--tokens 256]
+[--models tiny,25m] [--recipes bf16,...] [--backend auto] [--stats] [--threads 1]
+[--profile RECIPE] [--json OUT]``.
 
-A step is forward, backward and ``torch.optim.AdamW.step()``. For each model and recipe, the
-model converted with ``fpsim.train.torch.convert(model, recipe, stats=...)`` (with the GEMM
-statistics, as ``fpsim ab --gemm`` records them, and without) and the unconverted FP32 model
-train on the same batch, their steps interleaved (so that load from other processes hits both
-alike): ``--warmup`` steps of each (numba compiles on the first), then ``--steps`` timed
-rounds (``--threads``: torch's CPU threads, default torch's own; 1 on a loaded machine, where
-spinning thread pools make FP32 steps erratic). Printed: the median step times and their ratio
-to FP32 (goal: <= 3x). Models:
+A step is forward, backward and ``torch.optim.Adam.step()`` of a model converted with
+``fpsim.train.torch.convert(model, recipe)`` (``--stats``: also with ``stats=True``, the
+per-GEMM statistics that ``fpsim ab --gemm`` records, as a second row); the baseline is the
+same step of the unconverted model (FP32) on the same batch, its steps interleaved with the
+emulated ones (so that load from other processes hits both alike). Each recipe runs
+``--warmup`` steps of both, then ``--steps`` timed pairs; printed: the median step times and
+their ratio (goal: <= 3x). torch runs on ``--threads`` threads (default 1: on a machine shared
+with other jobs, a parallel FP32 step of a few milliseconds waits on descheduled threads and
+the ratios become noise); fpsim's compiled
+loops use their own pool either way. Models:
 
-- ``tiny``: the tiny transformer of ``fpsim ab --model tiny-transformer`` (6,076 parameters,
-  its first batch: 64 sequences of 12 tokens).
-- ``25m``: six ``Linear(2048, 2048)`` with ReLU and a ``Linear(2048, 16)`` head (25.2M
-  parameters), ``--tokens`` random tokens per batch.
+- ``tiny``: the tiny transformer of :mod:`fpsim.trace.sample` (6,076 parameters, batch 64 of
+  12 tokens, the same data).
+- ``25m``: six residual MLP blocks of width 1024 with hidden width 2048 (two linears each,
+  25.2M parameters in the linears), ``--tokens`` tokens per batch.
+
+``--profile RECIPE`` runs cProfile over the timed steps of that recipe on each model and prints
+the top functions by cumulative and own time.
 """
 
 from __future__ import annotations
 
 import argparse
+import cProfile
 import json
+import pstats
 import statistics
 import time
 
 import torch
 
-from fpsim.train.ab import MODELS
 from fpsim.train.gemm import GEMM_RECIPES
 from fpsim.train.torch import convert
 
 
-def _tiny():
-    m = MODELS["tiny-transformer"]
-    (x, y) = m.batches(0, 1)[0]
-    return m.build, x, y
+class _Block(torch.nn.Module):
+    def __init__(self, d: int, h: int) -> None:
+        super().__init__()
+        self.norm = torch.nn.LayerNorm(d)
+        self.fc1 = torch.nn.Linear(d, h)
+        self.fc2 = torch.nn.Linear(h, d)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + self.fc2(torch.nn.functional.gelu(self.fc1(self.norm(x))))
 
 
 def _mlp25m(tokens: int):
     def build() -> torch.nn.Module:
-        layers = [m for _ in range(6) for m in (torch.nn.Linear(2048, 2048), torch.nn.ReLU())]
-        return torch.nn.Sequential(*layers, torch.nn.Linear(2048, 16))
+        torch.manual_seed(0)
+        return torch.nn.Sequential(*[_Block(1024, 2048) for _ in range(6)], torch.nn.Linear(1024, 16))
 
     gen = torch.Generator().manual_seed(1)
-    return build, torch.randn(tokens, 2048, generator=gen), torch.randint(0, 16, (tokens,), generator=gen)
+    x = torch.randn(tokens, 1024, generator=gen)
+    y = torch.randint(0, 16, (tokens,), generator=gen)
+    return build, x, y
 
 
-class _Loop:
+def _tiny():
+    from fpsim.trace import sample
+
+    def build() -> torch.nn.Module:
+        torch.manual_seed(0)
+        return sample._build_model()
+
+    tokens, labels = sample.make_data(0)
+    return build, torch.from_numpy(tokens[: sample.BATCH]), torch.from_numpy(labels[: sample.BATCH])
+
+
+class Loop:
+    """A model, its Adam and the batch: :meth:`step` times one training step."""
+
     def __init__(self, model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor) -> None:
         self.model, self.x, self.y = model, x, y
-        self.opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+        self.opt = torch.optim.Adam(model.parameters(), lr=1e-4)
 
     def step(self) -> float:
         t = time.perf_counter()
@@ -61,62 +88,75 @@ class _Loop:
         return time.perf_counter() - t
 
 
-def _fresh(build, x, y, recipe: str | None, stats: bool) -> _Loop:
-    torch.manual_seed(0)
-    model = build()
-    if recipe is not None:
-        convert(model, recipe, stats=stats)
-    return _Loop(model, x, y)
+def compare(base: Loop, emulated: Loop, warmup: int, steps: int, profile=None) -> tuple[float, float]:
+    """Median FP32 and emulated step times, the steps interleaved (load from other processes
+    hits both alike)."""
+    for _ in range(warmup):
+        base.step(), emulated.step()
+    tb, te = [], []
+    for _ in range(steps):
+        tb.append(base.step())
+        if profile is not None:
+            profile.enable()
+        te.append(emulated.step())
+        if profile is not None:
+            profile.disable()
+    return statistics.median(tb), statistics.median(te)
 
 
-def measure(name: str, build, x, y, recipes: list[str], steps: int, warmup: int) -> list[dict]:
+def run(args) -> list[dict]:
     rows = []
-    for recipe in recipes:
-        for stats in (True, False):
-            ref, emu = _fresh(build, x, y, None, False), _fresh(build, x, y, recipe, stats)
-            for _ in range(warmup):
-                ref.step(), emu.step()
-            times = [(ref.step(), emu.step()) for _ in range(steps)]
-            fp32 = statistics.median(t for t, _ in times)
-            mine = statistics.median(t for _, t in times)
-            row = {"model": name, "recipe": recipe, "stats": stats, "fp32_ms": 1e3 * fp32}
-            row |= {"emulated_ms": 1e3 * mine, "ratio": mine / fp32}
-            print(
-                f"{name:5s} {recipe:12s} stats={'on ' if stats else 'off'} fp32 {row['fp32_ms']:9.1f} ms  "
-                f"emulated {row['emulated_ms']:9.1f} ms  ratio {row['ratio']:7.1f}x",
-                flush=True,
-            )
-            rows.append(row)
+    for name in args.models:
+        build, x, y = _tiny() if name == "tiny" else _mlp25m(args.tokens)
+        print(f"{name}:")
+        for recipe in args.recipes:
+            for stats in (False, True) if args.stats else (False,):
+                prof = cProfile.Profile() if recipe == args.profile and not stats else None
+                base = Loop(build(), x, y)  # fresh: both models take the same steps from one start
+                emulated = Loop(convert(build(), recipe, backend=args.backend, stats=stats), x, y)
+                tb, te = compare(base, emulated, args.warmup, args.steps, prof)
+                row = {"model": name, "recipe": recipe, "stats": stats, "ms": te * 1e3, "fp32_ms": tb * 1e3}
+                row["ratio"] = te / tb
+                rows.append(row)
+                label = f"{recipe}{'+stats' if stats else ''}"
+                print(f"  {label:18s} {te * 1e3:9.1f} ms  (FP32 {tb * 1e3:7.1f} ms)  {te / tb:6.2f}x")
+                if prof is not None:
+                    st = pstats.Stats(prof)
+                    st.sort_stats("cumulative").print_stats(25)
+                    st.sort_stats("tottime").print_stats(25)
     return rows
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--steps", type=int, default=3)
-    ap.add_argument("--warmup", type=int, default=1)
-    ap.add_argument("--tokens", type=int, default=256)
-    ap.add_argument("--models", default="tiny,25m")
-    ap.add_argument("--recipes", default=",".join(GEMM_RECIPES))
-    ap.add_argument("--threads", type=int)
-    ap.add_argument("--json")
-    args = ap.parse_args()
-    if args.threads is not None:
-        torch.set_num_threads(args.threads)
-    recipes = args.recipes.split(",")
-    unknown = [r for r in recipes if r not in GEMM_RECIPES]
-    if unknown:
-        ap.error(f"unknown recipes {unknown}; allowed: {', '.join(GEMM_RECIPES)}")
-    makers = {"tiny": _tiny, "25m": lambda: _mlp25m(args.tokens)}
-    models = args.models.split(",")
-    if not set(models) <= set(makers):
-        ap.error(f"--models: allowed {', '.join(makers)}, got {args.models}")
-    rows = []
-    for name in models:
-        build, x, y = makers[name]()
-        rows += measure(name, build, x, y, recipes, args.steps, args.warmup)
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--steps", type=int, default=5)
+    p.add_argument("--warmup", type=int, default=2)
+    p.add_argument("--tokens", type=int, default=256)
+    p.add_argument("--models", default="tiny,25m")
+    p.add_argument("--recipes", default=",".join(GEMM_RECIPES))
+    p.add_argument("--backend", default="auto")
+    p.add_argument("--stats", action="store_true", help="also time each recipe with stats=True")
+    p.add_argument("--profile", default=None)
+    p.add_argument("--threads", type=int, default=1, help="torch's CPU threads (default 1, see the doc)")
+    p.add_argument("--json", default=None)
+    args = p.parse_args()
+    args.models = args.models.split(",")
+    args.recipes = args.recipes.split(",")
+    for m in args.models:
+        if m not in ("tiny", "25m"):
+            p.error(f"--models: unknown model {m!r}; allowed: tiny, 25m")
+    for r in args.recipes:
+        if r not in GEMM_RECIPES:
+            p.error(f"--recipes: unknown recipe {r!r}; allowed: {', '.join(GEMM_RECIPES)}")
+    torch.set_num_threads(args.threads)
+    rows = run(args)
+    print("\nmodel  recipe             ratio")
+    for r in rows:
+        label = f"{r['recipe']}{'+stats' if r['stats'] else ''}"
+        print(f"{r['model']:6s} {label:18s} {r['ratio']:6.2f}x")
     if args.json:
         with open(args.json, "w") as f:
-            json.dump(rows, f, indent=2)
+            json.dump(rows, f, indent=1)
 
 
 if __name__ == "__main__":
