@@ -339,7 +339,9 @@ class OperandStats:
         underflow_pct: nonzero elements quantized to zero (-0 counts as zero), % of ``numel``.
         saturated_pct: elements clamped: magnitude above the element format's largest value
             times the element's decode scale (TE's ``overflows%``), % of ``numel``; for element
-            formats (bf16) the elements beyond the format's range.
+            formats (bf16) the elements beyond the format's range. As in TE, per-tensor scaling
+            can count the tensor's own amax element: ``max * f32(1 / scale)`` may round below
+            it (tested against TE's formula under ``fp8-current``).
         scale_inv_min, scale_inv_max, scale_inv_std: over the decode scales of the blocks (NVFP4:
             block scale times tensor scale; min over the nonzero ones); NaN for element formats.
         mse: mean squared error of the dequantized operand (float64).

@@ -499,3 +499,22 @@ def test_block_dynamic_range_and_amax_with_nans_and_infinities():
     assert G.max_block_dynamic_range(np.zeros((4, 32), F32), GEMM_RECIPES["mxfp8"].input.format) == 0.0
     with pytest.raises(TypeError, match="float32"):
         G.max_block_dynamic_range(np.ones(4))
+
+
+def test_saturated_is_tes_overflow_count_under_per_tensor_scaling():
+    """``saturated_pct`` counts what TE's ``overflows%`` counts: elements above
+    ``f32(max * scale_inv)``, the scale ``f32(448 / amax)`` and ``scale_inv = f32(1 / scale)``
+    computed here in float32 as TE's current scaling does; the tensor's own amax element among them
+    when that product rounds below it (so the count is not always zero on in-range data)."""
+    op = G.resolve_recipe("fp8-current").operand("input")
+    rng = np.random.default_rng(0)
+    amax_counted = 0
+    for i in range(64):
+        a = (rng.standard_normal((8, 16)) * (1 + i)).astype(np.float32)
+        _, st = G.quantize_operand(a, op, fpsim.Backend.NUMPY, stats=True)
+        amax = np.float32(np.abs(a).max())
+        scale_inv = np.float32(1) / (np.float32(448) / amax)
+        expected = np.count_nonzero(np.abs(a) > np.float32(448) * scale_inv)
+        assert st.saturated_pct == expected * 100.0 / a.size, (i, st.saturated_pct, expected)
+        amax_counted += expected > 0
+    assert 0 < amax_counted < 64
