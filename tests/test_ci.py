@@ -23,6 +23,7 @@ TIER_COMPARISONS = (
     "emulate/test_scaling_oracles.py",
     "formats/test_amax.py",  # the amax every tier's block scaling rests on
     "replay/test_compiled.py",  # compiled replay loops vs the numpy tier
+    "replay/test_compiled_states.py",  # the compiled training step's state formats vs numpy
 )
 MASKS = ("X86_V4 AVX512_ICL AVX512_SPR", "X86_V3 X86_V4 AVX512_ICL AVX512_SPR")
 
@@ -48,11 +49,23 @@ def test_tier_comparisons_are_in_the_dispatch_matrix(path):
     assert re.search(r"^pytestmark = pytest\.mark\.dispatch\b", text, re.M), f"tests/{path} is not marked"
 
 
+def test_every_marked_file_is_listed_as_a_tier_comparison():
+    marked = {
+        str(p.relative_to(ROOT / "tests"))
+        for p in (ROOT / "tests").rglob("test_*.py")
+        if re.search(r"^pytestmark = pytest\.mark\.dispatch\b", p.read_text(), re.M)
+    }
+    assert marked == set(TIER_COMPARISONS)
+
+
 def test_notebooks_are_in_the_dispatch_matrix():
+    """Every notebook with compared text outputs runs in the matrix (the first six at least)."""
     import test_notebooks
 
-    marks = {m.name for m in test_notebooks.test_notebook_runs_and_gives_its_stored_outputs.pytestmark}
-    assert "dispatch" in marks
+    params = test_notebooks._run_params()
+    marked = {p.values[0].stem for p in params if any(m.name == "dispatch" for m in p.marks)}
+    wanted = {p.stem for p in test_notebooks.NOTEBOOKS if test_notebooks.compares_text(p)}
+    assert marked == wanted and len(marked) >= 6, (marked, wanted)
 
 
 @pytest.mark.dispatch
