@@ -323,9 +323,8 @@ def _inputs(torch: Any, x: Any, rounding: Rounding | None, stream: int | None, n
     by the portable cast kernel; stochastic rounding draws the emulator's words of ``stream``."""
     if rounding is None:
         return x
-    from fpsim.kernels import cast
-
     from fpsim.emulate.random import random_bits_at
+    from fpsim.kernels import cast
 
     kw: dict[str, Any] = {}
     if rounding.mode is RoundMode.STOCHASTIC:  # the spec checked that a seed is given
