@@ -4,7 +4,7 @@ The loops are in :mod:`fpsim._compiled.loops`, which imports numba; this package
 imports nothing heavy, so ``import fpsim`` stays light. An entry point resolves its ``backend``
 argument once with :meth:`Backend.resolve` (the one caller of :func:`available`) and passes the
 member down; code that got :attr:`Backend.COMPILED` calls :func:`load` for the loops.
-:class:`StateKind` (from :mod:`.kinds`) names the 8-bit state encodings the block loops take.
+The block loops number the 8-bit state encodings by :class:`fpsim.formats.codes.StateKind`.
 
 No silent fallback: where code running on :attr:`Backend.COMPILED` meets a case its loops do
 not cover (an option, a format, an array layout), it says so with :func:`fallback` (a
@@ -26,13 +26,10 @@ from typing import Any
 
 import numpy as np
 
-from .kinds import StateKind
-
 __all__ = [
     "COMPILED_FROM",
     "Backend",
     "FallbackWarning",
-    "StateKind",
     "available",
     "fallback",
     "flat32",

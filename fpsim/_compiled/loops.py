@@ -19,11 +19,11 @@ numba's per-user cache folder when the install folder is read-only; where neithe
 written the loops are compiled in memory on every run). All loops live in this one file on
 purpose: numba checks a cached function against the time stamp of the file that defines it
 only, so a loop calling a loop of another file could run stale cached code after an upgrade.
-The one thing read from elsewhere is the numbering of the 8-bit state encodings,
-:class:`fpsim._compiled.kinds.StateKind` (free of numba), as
-plain integers frozen into the compiled code at compile time; those numbers are fixed for good
-(a new kind takes a new number, none is ever renumbered), so a cached loop always agrees with
-the enum.
+The one thing read from elsewhere is the numbering of the 8-bit state encodings and of Adam's
+weight decay, :class:`fpsim.formats.codes.StateKind` and :class:`~fpsim.formats.codes.Decay`
+(free of numba), as plain integers frozen into the compiled code at compile time; those numbers
+are fixed for good (a new member takes a new number, none is ever renumbered), so a cached loop
+always agrees with the enums.
 
 This module imports numba at import; it is imported only when the compiled backend is used.
 The functions are single-threaded and release the GIL; the replay runs them from its thread
@@ -40,15 +40,17 @@ from llvmlite import ir
 from numba import njit, types
 from numba.extending import intrinsic
 
-from .kinds import StateKind
+from ..formats.codes import Decay, StateKind
 
-# the StateKind numbers as plain integers (compile-time constants of the loops below)
+# the StateKind and Decay numbers as plain integers (compile-time constants of the loops below)
 _CODEBOOK = int(StateKind.CODEBOOK)
 _INT8_ABSMAX = int(StateKind.INT8_ABSMAX)
 _E4M3_ABSMAX = int(StateKind.E4M3_ABSMAX)
 _TE_POW2 = int(StateKind.TE_POW2)
 _QMAP = int(StateKind.QMAP)
 _CODEBOOK_LUT = int(StateKind.CODEBOOK_LUT)
+_DECOUPLED = int(Decay.DECOUPLED)
+_L2 = int(Decay.L2)
 
 TILE = 1 << 12  # elements per tile: the tile buffers of a step stay in the L1/L2 cache
 
@@ -111,12 +113,12 @@ def tile_of(block):
 
 @jit
 def adam(p, g, m, v, po, mo, vo, mode, decay, omb1, omb2, b2, bc2, eps, neg_step):
-    # fpsim.replay.optim._adam_step with Adam.scalars, element by element
+    # fpsim.replay.optim._adam_step with Adam.scalars (mode: a Decay), element by element
     for i in range(p.size):
         pi, gi = p[i], g[i]
-        if mode == 1:
+        if mode == _DECOUPLED:
             pi = pi * decay
-        elif mode == 2:
+        elif mode == _L2:
             gi = fma32(pi, decay, gi)
         mi = fma32(omb1, gi - m[i], m[i])
         vi = fma32(omb2 * gi, gi, v[i] * b2)

@@ -1,30 +1,30 @@
 """Compiled loops of the analysis and of the numpy-facing element verbs (numba).
 
-One loop per job, each one read of its inputs: :func:`codes_tile` (the element verb
-``encode``), :func:`element_tally` (a chunk of a tensor encoded, decoded and tallied under one
-element format: every count, the error and signal sums, the maxima and the log2 histogram),
-:func:`block_tally` (the same under a block recipe, from the amaxes of :func:`block_amax`),
-:func:`value_tally` (the tallies of values computed elsewhere) and :func:`swamp_tally` (the
-swamping of an update, both rounding modes of the analysis in one pass). They give the bits
-of the numpy tier (:mod:`fpsim.emulate._bitcore` for the codes, :mod:`fpsim.analysis.metrics`
-for the tallies): :func:`encode_float` and :func:`encode_int` are its integer rules on the
-float64 bit pattern, element by element (a float32 input is widened exactly first; the rules
-depend on the value only), and the float sums are exact.
+One loop per job, each one read of its inputs: :func:`codes_tile` (the element verb ``encode``),
+:func:`element_tally` (a chunk of a tensor encoded, decoded and tallied under one element format:
+every count, the error and signal sums, the maxima and the log2 histogram), :func:`block_tally` (the
+same under a block recipe, from the amaxes of :func:`block_amax`), :func:`value_tally` (the tallies
+of values computed elsewhere) and :func:`swamp_tally` (the swamping of an update, both rounding
+modes of the analysis in one pass). They give the bits of the numpy tier
+(:mod:`fpsim.emulate._bitcore` for the codes, :mod:`fpsim.analysis.metrics` for the tallies):
+:func:`encode_float` and :func:`encode_int` are its integer rules on the float64 bit pattern,
+element by element (a float32 input is widened exactly first; the rules depend on the value only),
+and the float sums are exact.
 
-Exact sums: a sum is kept as integer bins, bin ``k`` counting units of ``2**(k + KMIN)``. A
-term is a float64 significand (53 bits) times a power of two: ``|v|`` itself, or the square
-of ``v`` rounded to 53 bits without overflow or underflow (``frexp(v) = (f, e)``, the term
-``(f * f) * 2**(2 e)``: the float64 product wherever that is finite and normal). Bins are
-carried into 32-bit digits every :data:`TILE` elements, so none overflows. The Python side
-(:func:`fpsim.analysis.partials.exact_from_bins`) adds the bins into one integer, so a sum
-does not depend on order, tiling, threads or processes, and equals the numpy tier's
+Exact sums: a sum is kept as integer bins, bin ``k`` counting units of ``2**(k + KMIN)``. A term is
+a float64 significand (53 bits) times a power of two: ``|v|`` itself, or the square of ``v`` rounded
+to 53 bits without overflow or underflow (``frexp(v) = (f, e)``, the term ``(f * f) * 2**(2 e)``:
+the float64 product wherever that is finite and normal). Bins are carried into 32-bit digits every
+:data:`TILE` elements, so none overflows. The Python side
+(:func:`fpsim.analysis.partials.exact_from_bins`) adds the bins into one integer, so a sum does not
+depend on order, tiling, threads or processes, and equals the numpy tier's
 (:func:`fpsim.analysis.partials.exact_sum`).
 
-Like :mod:`.loops`, every loop this module runs is defined in this file (numba checks a
-cached function against its own file only), compiled without fast-math and cached on disk;
-the loops are single-threaded and release the GIL (the callers run pieces on a thread
-pool). Per-element helpers take scalars or a tuple (an array argument of a call that LLVM
-leaves out of line is reference-counted per element).
+Like :mod:`.loops`, every loop this module runs is defined in this file (numba checks a cached
+function against its own file only), compiled without fast-math and cached on disk; the loops are
+single-threaded and release the GIL (the callers run pieces on a thread pool). Per-element helpers
+take scalars or a tuple (an array argument of a call that LLVM leaves out of line is
+reference-counted per element).
 """
 
 from __future__ import annotations
@@ -33,12 +33,14 @@ import numpy as np
 from llvmlite import ir
 from numba import types
 
+from ..formats import Encoding, RoundMode
 from .kinds import KMIN, NBINS
 from .loops import bitcast, bits32, float32_of, jit
 
-# rounding modes and encodings as the loops number them (fpsim.emulate.element maps the enums)
-NEAREST_EVEN, NEAREST_AWAY, TOWARD_ZERO, TOWARD_POSITIVE, TOWARD_NEGATIVE, STOCHASTIC, ODD = range(7)
-IEEE, FN, FNUZ, FINITE = range(4)
+NEAREST_EVEN, NEAREST_AWAY, ODD = RoundMode.NEAREST_EVEN.code, RoundMode.NEAREST_AWAY.code, RoundMode.ODD.code
+TOWARD_ZERO, STOCHASTIC = RoundMode.TOWARD_ZERO.code, RoundMode.STOCHASTIC.code
+TOWARD_POSITIVE, TOWARD_NEGATIVE = RoundMode.TOWARD_POSITIVE.code, RoundMode.TOWARD_NEGATIVE.code
+IEEE, FN, FNUZ, FINITE = Encoding.IEEE.code, Encoding.FN.code, Encoding.FNUZ.code, Encoding.FINITE.code
 
 TILE = 1000
 """Elements between carries: 1000 terms of 53 bits on a 32-bit digit stay below 2**63."""
@@ -358,8 +360,7 @@ def square_term(v):
 
 @jit
 def carry(bins, lo, hi):
-    # every row's bins lo..hi (and above, as carries go) to 32-bit digits: a carry moves 32
-    # bins up
+    # every row's bins lo..hi (and above, as carries go) to 32-bit digits: a carry moves 32 bins up
     for row in range(bins.shape[0]):
         i, top = lo, hi
         while i <= top:
@@ -447,9 +448,8 @@ def tally_tile(x, q, at_max, sub, counts, bins, maxes):
 
 @jit
 def element_tally(x, p, mode, nbits, mix, offset, table, counts, bins, maxes):
-    # one chunk (flat, float32 or float64, starting at flat index `offset` of its tensor)
-    # encoded (stochastic words random_word(mix, offset + i)), decoded and tallied
-    # (tally_tile), tile by tile
+    # one chunk (flat, float32 or float64, starting at flat index `offset` of its tensor) encoded
+    # (stochastic words random_word(mix, offset + i)), decoded and tallied (tally_tile), tile by tile
     n, nowords = x.size, np.zeros(0, np.uint32)
     codes, q = np.empty(TILE, np.uint64), np.empty(TILE, np.float32)
     at_max, sub = np.empty(TILE, np.bool_), np.empty(TILE, np.bool_)

@@ -98,7 +98,7 @@ def element_partial(
     p = element.loop_params(fmt, bool(saturate), ftz)
     out = _outputs()
     _compiled.load_measure().element_tally(
-        flat, p, element.MODE_CODES[mode], 32, _mix(seed), offset, element.loop_table(fmt), *out
+        flat, p, mode.code, 32, _mix(seed), offset, element.loop_table(fmt), *out
     )
     return _partial(inp, *out, with_hist)
 
@@ -178,7 +178,7 @@ def block_partial(
     tscale = np.float32(tensor if tensor is not None else 1)
     out = _outputs()
     loops.block_tally(
-        flat, xs, how, f32, f64, dscale, tscale, p, element.MODE_CODES[mode], _mix(seed), offset,
+        flat, xs, how, f32, f64, dscale, tscale, p, mode.code, _mix(seed), offset,
         element.loop_table(el), *out,
     )  # fmt: skip
     return _partial(inp, *out, with_hist)

@@ -122,18 +122,6 @@ def encode_array(
     return _bitcore.encode_float(xp, x, fmt, mode, saturate, ftz, rand, nbits)
 
 
-MODE_CODES = {
-    RoundMode.NEAREST_EVEN: 0,
-    RoundMode.NEAREST_AWAY: 1,
-    RoundMode.TOWARD_ZERO: 2,
-    RoundMode.TOWARD_POSITIVE: 3,
-    RoundMode.TOWARD_NEGATIVE: 4,
-    RoundMode.STOCHASTIC: 5,
-    RoundMode.ODD: 6,
-}
-"""The numbers :mod:`fpsim._compiled.measure` gives the rounding modes (fixed for good)."""
-_ENCODING_CODES = {Encoding.IEEE: 0, Encoding.FN: 1, Encoding.FNUZ: 2, Encoding.FINITE: 3}
-
 PIECE = 1 << 18
 """Elements per task when the compiled encode runs on the thread pool."""
 
@@ -149,7 +137,7 @@ def loop_params(fmt: AnyFormat, saturate: bool, ftz: bool) -> tuple[int, ...]:
         p[5] = fmt.signed
         return tuple(int(v) for v in p)
     p[1:5] = fmt.mantissa_bits, fmt.exponent_bits, fmt.min_exponent, fmt.has_zero
-    p[5:8] = fmt.signed, fmt.has_nan, _ENCODING_CODES[fmt.encoding]
+    p[5:8] = fmt.signed, fmt.has_nan, fmt.encoding.code
     p[8] = fmt.code_of_max
     p[9] = fmt.code_of_inf if fmt.code_of_inf is not None else 0
     p[10] = fmt.code_of_nan if fmt.code_of_nan is not None else 0
@@ -190,7 +178,7 @@ def _encode_compiled(x: np.ndarray, fmt: AnyFormat, mode: RoundMode, saturate, s
     out = np.empty(flat.size, fmt.code_dtype)
     r = np.ascontiguousarray(rand, np.uint32).reshape(-1) if rand is not None else np.zeros(0, np.uint32)
     r = r if r.flags.writeable else r.copy()
-    code, loops = MODE_CODES[mode], _compiled.load_measure()
+    code, loops = mode.code, _compiled.load_measure()
 
     def run(a: int) -> None:
         b = min(flat.size, a + PIECE)

@@ -6,6 +6,9 @@
 - :mod:`.block`: :class:`BlockFormat` (element format, block shape, scale format and
   :class:`ScaleRule`), :class:`Codebook` and the :data:`RECIPES`.
 - :mod:`.rounding`: :class:`RoundMode`.
+- :mod:`.codes`: the integer codes of an optimizer state's storage (``StateKind``) and of Adam's
+  weight decay (``Decay``); with :attr:`RoundMode.code` and :attr:`Encoding.code`, the one
+  numbering the compiled loops and the Triton kernels read.
 - :mod:`.amax`: the largest magnitude of a float32/float64 array decided on its bit patterns
   (NaN ignored or propagated), the one amax of every numpy-tier module, the trace included.
 

@@ -62,12 +62,27 @@ class Encoding(enum.Enum):
         FNUZ: finite, no inf, no negative zero; the negative-zero code is the only NaN
             (float8_e4m3fnuz, float8_e5m2fnuz).
         FINITE: every code is a number; no inf, no NaN (OCP MX v1.0 FP6 and FP4).
+
+    Each member is its name (``value``) and its :attr:`code`, the integer the compiled loops
+    and the Triton kernels number it by; those read it from here (tests/formats/test_codes.py).
     """
 
-    IEEE = "ieee"
-    FN = "fn"
-    FNUZ = "fnuz"
-    FINITE = "finite"
+    IEEE = "ieee", 0
+    FN = "fn", 1
+    FNUZ = "fnuz", 2
+    FINITE = "finite", 3
+
+    def __new__(cls, value: str, code: int) -> Encoding:
+        member = object.__new__(cls)
+        member._value_ = value
+        member._code = code
+        return member
+
+    @property
+    def code(self) -> int:
+        """The encoding's integer code in the compiled loops and the kernels, fixed for good (a
+        new encoding takes a new number; numba caches compiled loops with the numbers frozen in)."""
+        return self._code
 
 
 @dataclass(frozen=True)

@@ -29,15 +29,32 @@ class RoundMode(enum.Enum):
     odd to the largest finite value, directed modes by sign. A format without infinity
     gives NaN instead (or its max when it has no NaN either); ``saturate=True`` clamps
     every out-of-range value, infinities included, to the largest finite value.
+
+    Each member is its name (``value``, what :meth:`parse` and the command line take) and its
+    :attr:`code`, the integer the compiled loops and the Triton kernels number it by; those
+    read it from here (tests/formats/test_codes.py).
     """
 
-    NEAREST_EVEN = "nearest_even"
-    NEAREST_AWAY = "nearest_away"
-    TOWARD_ZERO = "toward_zero"
-    TOWARD_POSITIVE = "toward_positive"
-    TOWARD_NEGATIVE = "toward_negative"
-    STOCHASTIC = "stochastic"
-    ODD = "odd"
+    NEAREST_EVEN = "nearest_even", 0
+    NEAREST_AWAY = "nearest_away", 1
+    TOWARD_ZERO = "toward_zero", 2
+    TOWARD_POSITIVE = "toward_positive", 3
+    TOWARD_NEGATIVE = "toward_negative", 4
+    STOCHASTIC = "stochastic", 5
+    ODD = "odd", 6
+
+    def __new__(cls, value: str, code: int) -> RoundMode:
+        member = object.__new__(cls)
+        member._value_ = value
+        member._code = code
+        return member
+
+    @property
+    def code(self) -> int:
+        """The mode's integer code in the compiled loops and the kernels, fixed for good: a new
+        mode takes a new number and none is renumbered (numba caches compiled loops with the
+        numbers frozen in)."""
+        return self._code
 
     @classmethod
     def parse(cls, mode: RoundMode | str) -> RoundMode:

@@ -43,7 +43,9 @@ import os
 import triton
 import triton.language as tl
 
-from ._codes import Comp, Round, Words
+from fpsim.formats import RoundMode
+
+from ._codes import Comp, Words
 from .accumulate import FORMAT_PARAMS
 
 _INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"  # set by _loader.kernel_module
@@ -56,15 +58,15 @@ _INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"  # set by _loader.kernel_
 _jit = (lambda fn: fn) if _INTERPRET else triton.jit
 
 # The constexpr codes, as tl.constexpr globals for the compiler (which refuses other globals):
-# rounding modes MODE, PMODE, QMODE (fpsim.kernels._codes.Round); compensation COMP and the
+# rounding modes MODE, PMODE, QMODE (fpsim.formats.RoundMode.code); compensation COMP and the
 # random-word sources RAND, QRAND (fpsim.kernels._codes.Comp and Words).
-_NEAREST_EVEN = tl.constexpr(int(Round.NEAREST_EVEN))
-_NEAREST_AWAY = tl.constexpr(int(Round.NEAREST_AWAY))
-_TOWARD_ZERO = tl.constexpr(int(Round.TOWARD_ZERO))
-_TOWARD_POSITIVE = tl.constexpr(int(Round.TOWARD_POSITIVE))
-_TOWARD_NEGATIVE = tl.constexpr(int(Round.TOWARD_NEGATIVE))
-_STOCHASTIC = tl.constexpr(int(Round.STOCHASTIC))
-_ODD = tl.constexpr(int(Round.ODD))
+_NEAREST_EVEN = tl.constexpr(RoundMode.NEAREST_EVEN.code)
+_NEAREST_AWAY = tl.constexpr(RoundMode.NEAREST_AWAY.code)
+_TOWARD_ZERO = tl.constexpr(RoundMode.TOWARD_ZERO.code)
+_TOWARD_POSITIVE = tl.constexpr(RoundMode.TOWARD_POSITIVE.code)
+_TOWARD_NEGATIVE = tl.constexpr(RoundMode.TOWARD_NEGATIVE.code)
+_STOCHASTIC = tl.constexpr(RoundMode.STOCHASTIC.code)
+_ODD = tl.constexpr(RoundMode.ODD.code)
 _COMP_NONE = tl.constexpr(int(Comp.NONE))
 _KAHAN = tl.constexpr(int(Comp.KAHAN))
 _NEUMAIER = tl.constexpr(int(Comp.NEUMAIER))

@@ -1,13 +1,17 @@
 """The integer codes the Triton kernels take as ``tl.constexpr`` arguments, defined once.
 
-The host maps fpsim's choices (:class:`~fpsim.formats.RoundMode`, :class:`~fpsim.formats.Encoding`,
-:class:`~fpsim.formats.ScaleRule`, the kind of a block element, the input dtype, the source of
-random words, where an overflow goes, the optimizer's weight decay) to these codes here, in
-one place, and passes them to the kernels as plain ints. The kernel files compare with
-module-level ``tl.constexpr`` copies of these values (``_NEAREST_EVEN = tl.constexpr(int(
-Round.NEAREST_EVEN))`` and the like): the Triton 3.9 compiler refuses a global that is not a
-``tl.constexpr`` (an enum class included) inside ``@triton.jit`` code, although the
-interpreter accepts one.
+The codes fpsim's other tiers share are numbered where the choice is defined, and the kernels
+read them from there: a rounding mode's ``MODE`` is :attr:`fpsim.formats.RoundMode.code`, a
+float format's ``ENC`` is :attr:`fpsim.formats.Encoding.code`, an optimizer state's ``M_KIND``
+and ``V_KIND`` are :class:`fpsim.formats.codes.StateKind` and Adam's ``DECAY`` is
+:class:`fpsim.formats.codes.Decay` (re-exported here). The codes only the kernels take are
+numbered below: where an overflow goes, the input dtype, the source of random words, the scale
+rule of a block kernel, the compensation and random words of the accumulation kernel. The host
+maps fpsim's choices to these codes here and passes them to the kernels as plain ints. The
+kernel files compare with module-level ``tl.constexpr`` copies of these values (``_NEAREST_EVEN
+= tl.constexpr(RoundMode.NEAREST_EVEN.code)``, ``_TE = tl.constexpr(int(Rule.TE))`` and the
+like): the Triton 3.9 compiler refuses a global that is not a ``tl.constexpr`` (an enum class
+included) inside ``@triton.jit`` code, although the interpreter accepts one.
 
 This module imports neither torch nor triton.
 """
@@ -17,10 +21,9 @@ from __future__ import annotations
 import enum
 
 from fpsim.formats import BlockFormat, Codebook, Encoding, Format, IntFormat, RoundMode, ScaleRule
+from fpsim.formats.codes import Decay, StateKind
 
 __all__ = [
-    "Round",
-    "Enc",
     "Overflow",
     "Source",
     "Random",
@@ -29,52 +32,10 @@ __all__ = [
     "Decay",
     "Comp",
     "Words",
-    "round_code",
-    "enc_code",
     "overflow_code",
     "rule_code",
     "state_kind",
-    "decay_code",
 ]
-
-
-class Round(enum.IntEnum):
-    """Rounding mode of a cast (constexpr ``MODE``; also ``PMODE``/``QMODE`` of the matmul).
-
-    Attributes:
-        NEAREST_EVEN: to nearest, ties to even (IEEE 754-2019 roundTiesToEven).
-        NEAREST_AWAY: to nearest, ties away from zero (roundTiesToAway).
-        TOWARD_ZERO: truncation (roundTowardZero).
-        TOWARD_POSITIVE: up (roundTowardPositive).
-        TOWARD_NEGATIVE: down (roundTowardNegative).
-        STOCHASTIC: away from zero with probability of the discarded fraction, from the
-            element's random word.
-        ODD: truncate and set the last kept bit when inexact (rounding to odd).
-    """
-
-    NEAREST_EVEN = 0
-    NEAREST_AWAY = 1
-    TOWARD_ZERO = 2
-    TOWARD_POSITIVE = 3
-    TOWARD_NEGATIVE = 4
-    STOCHASTIC = 5
-    ODD = 6
-
-
-class Enc(enum.IntEnum):
-    """Special-value encoding of a float format (constexpr ``ENC``; :class:`~fpsim.formats.Encoding`).
-
-    Attributes:
-        IEEE: +-inf and NaNs in the top binade.
-        FN: no infinities; the all-ones magnitude is NaN.
-        FNUZ: no infinities, no negative zero; the negative-zero code is NaN.
-        FINITE: no infinities, no NaN (NaN inputs encode as +0).
-    """
-
-    IEEE = 0
-    FN = 1
-    FNUZ = 2
-    FINITE = 3
 
 
 class Overflow(enum.IntEnum):
@@ -148,36 +109,6 @@ class Rule(enum.IntEnum):
     CODEBOOK = 7
 
 
-class StateKind(enum.IntEnum):
-    """Storage of an optimizer state (constexpr ``M_KIND``, ``V_KIND``).
-
-    Attributes:
-        FP32: float32 values, no scales.
-        CODEBOOK: bitsandbytes codebook codes, nearest entry of ``x / absmax``.
-        INT: integer element codes under an ABSMAX float32 scale per block.
-        FLOAT: float element codes under an ABSMAX float32 scale per block.
-    """
-
-    FP32 = 0
-    CODEBOOK = 1
-    INT = 2
-    FLOAT = 3
-
-
-class Decay(enum.IntEnum):
-    """Weight decay of the Adam step (constexpr ``DECAY``; :class:`fpsim.replay.optim.Adam`).
-
-    Attributes:
-        NONE: no weight decay.
-        DECOUPLED: AdamW: ``p = p * (1 - lr * wd)`` before the update.
-        L2: Adam: ``g = g + wd * p`` (one fma).
-    """
-
-    NONE = 0
-    DECOUPLED = 1
-    L2 = 2
-
-
 class Comp(enum.IntEnum):
     """Compensated summation of the accumulation kernel (constexpr ``COMP``;
     :class:`fpsim.accumulate.Compensation`)."""
@@ -203,21 +134,6 @@ class Words(enum.IntEnum):
     SPLITMIX64 = 2
 
 
-_ROUND = {m: Round[m.name] for m in RoundMode}
-_ENC = {e: Enc[e.name] for e in Encoding}
-_RULE = {r: Rule[r.name] for r in ScaleRule}
-
-
-def round_code(mode: RoundMode) -> Round:
-    """The kernels' code of a rounding mode."""
-    return _ROUND[mode]
-
-
-def enc_code(encoding: Encoding) -> Enc:
-    """The kernels' code of a float format's encoding."""
-    return _ENC[encoding]
-
-
 def overflow_code(fmt: Format, mode: RoundMode) -> Overflow:
     """Where overflow goes for a float format rounded in ``mode``."""
     if fmt.encoding is Encoding.FINITE:
@@ -232,8 +148,17 @@ def overflow_code(fmt: Format, mode: RoundMode) -> Overflow:
 
 
 def rule_code(bf: BlockFormat) -> Rule:
-    """The block kernel's rule of a recipe: its scale rule, or CODEBOOK for codebook elements."""
-    return Rule.CODEBOOK if isinstance(bf.element, Codebook) else _RULE[bf.rule]
+    """The block kernel's rule of a recipe: its scale rule, or CODEBOOK for codebook elements.
+
+    Raises:
+        ValueError: a scale rule the block kernel has no code for.
+    """
+    if isinstance(bf.element, Codebook):
+        return Rule.CODEBOOK
+    if bf.rule.name not in Rule.__members__:
+        known = ", ".join(f"ScaleRule.{r.name}" for r in ScaleRule if r.name in Rule.__members__)
+        raise ValueError(f"the block kernel has no scale rule ScaleRule.{bf.rule.name}; it has {known}")
+    return Rule[bf.rule.name]
 
 
 def state_kind(bf: BlockFormat | None) -> StateKind:
@@ -243,10 +168,3 @@ def state_kind(bf: BlockFormat | None) -> StateKind:
     if isinstance(bf.element, Codebook):
         return StateKind.CODEBOOK
     return StateKind.INT if isinstance(bf.element, IntFormat) else StateKind.FLOAT
-
-
-def decay_code(weight_decay: float, decoupled: bool) -> Decay:
-    """The Adam step's decay code: none, decoupled (AdamW) or L2 (Adam)."""
-    if not weight_decay:
-        return Decay.NONE
-    return Decay.DECOUPLED if decoupled else Decay.L2

@@ -27,19 +27,21 @@ interpreter and once for the compiler; import it through there.
 import triton
 import triton.language as tl
 
-from ._codes import Enc, Overflow, Random, Round, Source
+from fpsim.formats import Encoding, RoundMode
+
+from ._codes import Overflow, Random, Source
 
 # The constexpr codes (kernels/_codes.py), as tl.constexpr globals for the compiler.
-_NEAREST_EVEN = tl.constexpr(int(Round.NEAREST_EVEN))
-_NEAREST_AWAY = tl.constexpr(int(Round.NEAREST_AWAY))
-_TOWARD_ZERO = tl.constexpr(int(Round.TOWARD_ZERO))
-_TOWARD_POSITIVE = tl.constexpr(int(Round.TOWARD_POSITIVE))
-_TOWARD_NEGATIVE = tl.constexpr(int(Round.TOWARD_NEGATIVE))
-_ODD = tl.constexpr(int(Round.ODD))
-_IEEE = tl.constexpr(int(Enc.IEEE))
-_FN = tl.constexpr(int(Enc.FN))
-_FNUZ = tl.constexpr(int(Enc.FNUZ))
-_FINITE = tl.constexpr(int(Enc.FINITE))
+_NEAREST_EVEN = tl.constexpr(RoundMode.NEAREST_EVEN.code)
+_NEAREST_AWAY = tl.constexpr(RoundMode.NEAREST_AWAY.code)
+_TOWARD_ZERO = tl.constexpr(RoundMode.TOWARD_ZERO.code)
+_TOWARD_POSITIVE = tl.constexpr(RoundMode.TOWARD_POSITIVE.code)
+_TOWARD_NEGATIVE = tl.constexpr(RoundMode.TOWARD_NEGATIVE.code)
+_ODD = tl.constexpr(RoundMode.ODD.code)
+_IEEE = tl.constexpr(Encoding.IEEE.code)
+_FN = tl.constexpr(Encoding.FN.code)
+_FNUZ = tl.constexpr(Encoding.FNUZ.code)
+_FINITE = tl.constexpr(Encoding.FINITE.code)
 _OVF_NOWHERE = tl.constexpr(int(Overflow.NOWHERE))
 _OVF_POSITIVE = tl.constexpr(int(Overflow.POSITIVE))
 _OVF_NEGATIVE = tl.constexpr(int(Overflow.NEGATIVE))

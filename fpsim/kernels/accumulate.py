@@ -76,7 +76,7 @@ from fpsim.accumulate.spec import (
 from fpsim.emulate.random import SEED_MULTIPLIER
 from fpsim.formats import BlockFormat, Encoding, Format, RoundMode
 
-from ._codes import Comp, Words, round_code
+from ._codes import Comp, Words
 from ._loader import is_interpreted, kernel_module, require_torch
 from ._loader import launch as _launch_kernel
 
@@ -451,9 +451,9 @@ def _run(torch: Any, spec: AccumulatorSpec, pb: _Problem, random_bits: Any, laun
             n_out,
             *pb.strides,
             spec.stochastic_bits,
-            MODE=int(round_code(spec.rounding)),
-            PMODE=int(round_code(spec.promote_rounding)) if spec.promoted else 0,
-            QMODE=int(round_code(qmode)),
+            MODE=spec.rounding.code,
+            PMODE=spec.promote_rounding.code if spec.promoted else 0,
+            QMODE=qmode.code,
             PROMOTE=spec.promoted,
             PROD=spec.product is not None,
             COMP=int(_COMP[spec.compensation]),

@@ -40,16 +40,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from fpsim.formats import AnyFormat, Format, IntFormat, RoundMode, get_format
+from fpsim.formats import AnyFormat, Encoding, Format, IntFormat, RoundMode, get_format
 
-from ._codes import Enc, Random, Source, enc_code, overflow_code, round_code
+from ._codes import Random, Source, overflow_code
 from ._loader import is_interpreted, kernel_module, require_torch
 from ._loader import launch as _launch_kernel
 
 __all__ = ["encode", "decode", "quantize", "code_dtype", "Launch"]
-
-_MODE = {m: int(round_code(m)) for m in RoundMode}
-"""RoundMode -> the kernels' MODE code (:class:`fpsim.kernels._codes.Round`), as ints."""
 
 
 @dataclass(frozen=True)
@@ -340,8 +337,8 @@ def _encode_args(
     rt.update(nbits=nbits, rmask=_i32((1 << nbits) - 1), mant_one=1, ibits=8, imask=255)
     ce: dict[str, Any] = {
         "IS_INT": isinstance(fmt, IntFormat),
-        "MODE": int(round_code(mode)),
-        "ENC": int(Enc.IEEE),
+        "MODE": mode.code,
+        "ENC": Encoding.IEEE.code,
         "SIGNED": False,
         "HAS_ZERO": True,
         "EMIN_LOW": False,
@@ -372,7 +369,7 @@ def _encode_args(
         sign_shift=fmt.exponent_bits + m,
     )
     ce.update(
-        ENC=int(enc_code(fmt.encoding)),
+        ENC=fmt.encoding.code,
         SIGNED=fmt.signed,
         HAS_ZERO=fmt.has_zero,
         EMIN_LOW=fmt.min_exponent < -126,
@@ -391,7 +388,7 @@ def _decode_args(fmt: AnyFormat | None) -> tuple[dict[str, int], dict[str, Any]]
     ce: dict[str, Any] = {
         "D_IS_INT": False,
         "D_BITS32": False,
-        "D_ENC": int(Enc.IEEE),
+        "D_ENC": Encoding.IEEE.code,
         "D_SIGNED": False,
         "D_HAS_ZERO": True,
     }
@@ -413,5 +410,5 @@ def _decode_args(fmt: AnyFormat | None) -> tuple[dict[str, int], dict[str, Any]]
         d_mant_one=1 << m,
         d_top_field=(1 << e) - 1,
     )
-    ce.update(D_ENC=int(enc_code(fmt.encoding)), D_HAS_ZERO=fmt.has_zero)
+    ce.update(D_ENC=fmt.encoding.code, D_HAS_ZERO=fmt.has_zero)
     return {k: _i32(v) for k, v in rt.items()}, ce

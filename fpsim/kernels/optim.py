@@ -76,10 +76,20 @@ import numpy as np
 from fpsim.emulate import decode, encode
 from fpsim.emulate.blocks import BlockCodes
 from fpsim.emulate.scale_rules import nearest_thresholds
-from fpsim.formats import RECIPES, BlockFormat, Codebook, Format, IntFormat, RoundMode, ScaleRule, get_format
+from fpsim.formats import (
+    RECIPES,
+    BlockFormat,
+    Codebook,
+    Encoding,
+    Format,
+    IntFormat,
+    RoundMode,
+    ScaleRule,
+    get_format,
+)
 from fpsim.replay.optim import Adam, AdamW, Sqrt
 
-from ._codes import Decay, Enc, Overflow, Random, Source, StateKind, decay_code, state_kind
+from ._codes import Decay, Overflow, Random, Source, StateKind, state_kind
 from ._loader import is_interpreted, kernel_module, require_torch
 from ._loader import launch as _launch_kernel
 from .cast import _encode_args, _i32, _stochastic_source
@@ -328,7 +338,7 @@ def _hyper(opt: Adam, lr: float, t: int) -> tuple[Decay, dict[str, int]]:
     sc = opt.scalars(lr, t)
     names = {"decay": sc.decay, "omb1": sc.omb1, "omb2": sc.omb2, "beta2": sc.b2}
     names |= {"neg_step": sc.neg_step, "bias2": sc.bc2, "eps": sc.eps}
-    return decay_code(opt.weight_decay, opt.decoupled), {k: _bits32(v) for k, v in names.items()}
+    return Decay(sc.mode), {k: _bits32(v) for k, v in names.items()}
 
 
 _STATE_KEYS = ["m", "emin", "code_max", "ftz_lim", "code_nan", "sign_shift", "fb", "ibits", "imask"]
@@ -342,14 +352,14 @@ def _state_consts(bf: BlockFormat | None) -> tuple[StateKind, int, dict[str, int
     mids = np.full(256, np.inf, _F32)
     rt = dict.fromkeys(_STATE_KEYS + ["eps_bits", "elem_max_bits"], 0)
     if bf is None:
-        return state_kind(bf), int(Enc.IEEE), rt, table, mids
+        return state_kind(bf), Encoding.IEEE.code, rt, table, mids
     el = bf.element
     if isinstance(el, Codebook):
         c = el.table
         table[: c.size] = c
         mids[: c.size - 1] = nearest_thresholds(c)  # as fpsim.emulate.blocks's bucket lookup
         rt.update(max_int=c.size - 1)  # no eps: bitsandbytes does not clamp the absmax
-        return state_kind(bf), int(Enc.IEEE), rt, table, mids
+        return state_kind(bf), Encoding.IEEE.code, rt, table, mids
     table[: 1 << el.bits] = decode(np.arange(1 << el.bits, dtype=np.uint8), el)
     ftz = not getattr(el, "subnormals", True)
     ert, ece = _encode_args(el, RoundMode.NEAREST_EVEN, True, ftz, 32)
@@ -545,7 +555,7 @@ def adamw_step(
     )
     kwargs.update({"m_" + key: val for key, val in m_rt.items()})
     kwargs.update({"v_" + key: val for key, val in v_rt.items()})
-    assert pce["ENC"] == Enc.IEEE and pce["OVF"] == Overflow.ALWAYS  # IEEE masters, overflow to inf
+    assert pce["ENC"] == Encoding.IEEE.code and pce["OVF"] == Overflow.ALWAYS  # IEEE masters, overflow to inf
     kwargs.update(
         DECAY=int(decay_kind),
         P_SRC=int(_source(mfmt.name)),

@@ -13,7 +13,7 @@ and both with numpy).
 It applies on :attr:`fpsim.Backend.COMPILED` (the replay's ``backend``), to
 :class:`fpsim.replay.optim.Adam` or ``AdamW`` with the correctly rounded square root
 (:attr:`fpsim.replay.optim.Sqrt.IEEE`), where both moments of the tensor are quantized, with blocks
-of one size along the flattened tensor, by one of the :class:`fpsim._compiled.StateKind`
+of one size along the flattened tensor, by one of the :class:`fpsim.formats.codes.StateKind`
 encodings: a codebook rounded to the nearest entry (the bitsandbytes dynamic maps,
 ``bnb_dynamic8_block256`` ...) or through bitsandbytes' CPU lookup table (``bnb-8bit-cpu``),
 torchao's quantizer into its tables (:mod:`fpsim.replay.qmap`: ``torchao-8bit``,
@@ -36,11 +36,12 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from .. import _compiled
-from .._compiled import Backend, StateKind
+from .._compiled import Backend
 from ..emulate import element as emulate
 from ..emulate.blocks import BlockCodes, block_geometry, compiled_codebook, nearest_buckets
 from ..emulate.scale_rules import _bnb_lut
 from ..formats import RECIPES, BlockFormat, Codebook, RoundMode, ScaleRule, get_format
+from ..formats.codes import StateKind
 from . import optim
 from .qmap import QMapBlocks, qmap_buckets
 

@@ -39,6 +39,7 @@ import numpy as np
 
 from .. import _compiled
 from .._compiled import Backend
+from ..formats.codes import Decay
 
 __all__ = ["Optimizer", "Adam", "AdamW", "SGD", "Sqrt", "get_optimizer", "fma32"]
 
@@ -285,7 +286,7 @@ class Adam(Optimizer):
         """The step's scalars, computed in float64 as Python does and rounded to float32 once
         (the numpy step, the compiled loop and the Triton kernel all take these)."""
         b1, b2 = self.betas
-        mode = 0 if not self.weight_decay else 1 if self.decoupled else 2
+        mode = int(Decay.of(self.weight_decay, self.decoupled))
         decay = 1 - lr * self.weight_decay if self.decoupled else self.weight_decay
         rest = (decay, 1 - b1, 1 - b2, b2, math.sqrt(1 - b2**t), self.eps, -(lr / (1 - b1**t)))
         with np.errstate(over="ignore"):
@@ -293,7 +294,8 @@ class Adam(Optimizer):
 
 
 class AdamScalars(NamedTuple):
-    """Adam's per-step scalars (float32): ``mode`` 0 no decay, 1 decoupled ``p * decay``, 2 L2
+    """Adam's per-step scalars (float32): ``mode`` the :class:`~fpsim.formats.codes.Decay` code
+    (an int, as the compiled loop takes it): none, decoupled ``p * decay`` or L2
     ``g = fma(p, decay, g)``; ``bc2 = sqrt(1 - b2**t)``, ``neg_step = -lr / (1 - b1**t)``."""
 
     mode: int
@@ -309,9 +311,9 @@ class AdamScalars(NamedTuple):
 def _adam_step(p, g, m, v, sc: AdamScalars, sqrt: Callable[[np.ndarray], np.ndarray]):
     """Adam's update on float32 arrays in the documented order (the numpy path), ``sqrt`` the
     square root of :class:`Sqrt`."""
-    if sc.mode == 1:
+    if sc.mode == Decay.DECOUPLED:
         p = p * sc.decay
-    elif sc.mode == 2:
+    elif sc.mode == Decay.L2:
         (g,) = _fma(p, sc.decay, g)
     (m,) = _fma(sc.omb1, g - m, m)
     (v,) = _fma(sc.omb2 * g, g, v * sc.b2)
