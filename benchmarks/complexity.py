@@ -1,4 +1,4 @@
-"""The largest function signatures and the longest functions of fpsim/ and kernels/.
+"""The largest function signatures and the longest functions of fpsim/ (its Triton kernels included).
 
 Run: ``python benchmarks/complexity.py [--top 10] [--lines 80] [ROOT]``.
 
@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-TREES = ("fpsim", "kernels")
+TREES = ("fpsim",)
 
 
 @dataclass(frozen=True)

@@ -61,9 +61,9 @@ def script():
 
 @pytest.fixture
 def tree(tmp_path):
-    (tmp_path / "kernels").mkdir()
+    (tmp_path / "fpsim" / "kernels").mkdir(parents=True)
     (tmp_path / "fpsim" / "sub").mkdir(parents=True)
-    (tmp_path / "kernels" / "k.py").write_text(KERNEL)
+    (tmp_path / "fpsim" / "kernels" / "k.py").write_text(KERNEL)
     body = "\n".join(f"    x{i} = {i}" for i in range(85))  # def line + 85 body lines = 86
     (tmp_path / "fpsim" / "sub" / "m.py").write_text(PACKAGE.format(body=body))
     return tmp_path
@@ -83,8 +83,8 @@ def test_counts_and_marks(script, tree):
 def test_report_lists_the_top_signatures_and_the_long_functions(script, tree):
     out = script.report(script.collect(tree), top=3, lines=80).splitlines()
     assert out[0].startswith("largest signatures (top 3 of 6 functions")
-    top = ["     5       fpsim/sub/m.py:5 loop", "     4       fpsim/sub/m.py:93 C.method"]
-    assert out[2:5] == [*top, "     4  jit  kernels/k.py:8 k"]  # ties by path, then line
+    top = ["     5       fpsim/sub/m.py:5 loop", "     4  jit  fpsim/kernels/k.py:8 k"]
+    assert out[2:5] == [*top, "     4       fpsim/sub/m.py:93 C.method"]  # ties by path, then line
     assert out[6:] == [
         "functions over 80 lines (1)",
         " lines  jit  function",
@@ -95,6 +95,6 @@ def test_report_lists_the_top_signatures_and_the_long_functions(script, tree):
 def test_runs_as_a_script_and_refuses_bad_arguments(tree):
     run = [sys.executable, str(SCRIPT), str(tree), "--top", "1"]
     out = subprocess.run(run, capture_output=True, text=True, check=True).stdout
-    assert "     5       fpsim/sub/m.py:5 loop" in out and "kernels/k.py:8 k" not in out
+    assert "     5       fpsim/sub/m.py:5 loop" in out and "fpsim/kernels/k.py:8 k" not in out
     bad = subprocess.run([*run[:-1], "0"], capture_output=True, text=True)
     assert bad.returncode == 2 and "--top and --lines must be positive, got 0" in bad.stderr
