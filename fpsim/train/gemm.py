@@ -36,6 +36,25 @@ and ``transformer_engine/pytorch/custom_recipes/reference_nvfp4.py``):
 
 Ragged blocks follow the format's ``pad`` (the presets pad with zeros, as TE's reference
 quantizers do); a format with ``pad=False`` refuses such shapes, naming the operand.
+
+Next to torchao's emulated training (tested against torchao 0.18 on one ``nn.Linear`` in
+``tests/train/test_vs_torchao.py``; ``benchmarks/vs_torchao_training.py`` trains the bundled
+models both ways):
+
+- ``fp8-current`` and ``Float8Linear`` with ``Float8LinearConfig(emulate=True)`` (tensorwise,
+  E4M3 input and weight, E5M2 gradient) give every operand the same codes under the same scale
+  ``f32(max / amax)``; fpsim dequantizes as TE does, times ``f32(1 / scale)``, torchao divides
+  by the scale, so operands (and y, dx, dW) differ in the last bit unless the scale is a power
+  of two. With power-of-two scales on both sides (``pow2`` here, ``round_scales_to_power_of_2``
+  there) y, dx, dW and the bias gradient are equal bit for bit. torchao clamps the amax at
+  1e-12 (``eps=1e-12`` reproduces it), and its power-of-two rounding (``exp2(floor(log2))``)
+  takes the power of two above a scale one ulp below it, where TE masks the mantissa.
+- ``mxfp8`` and ``MXFP8Linear(kernel_preference=KernelPreference.EMULATED)`` (its default
+  ``ScaleCalculationMode.RCEIL``) are equal bit for bit, blocks along each GEMM's contraction
+  axis on both sides, except for a block whose ``amax / 448`` lies just above a power of two:
+  torchao's float32 ``log2`` rounds to the integer and takes the scale a binade below TE's
+  (``ScaleRule.MX_RCEIL``). torchao's ``FLOOR`` mode is ``ScaleRule.MX_FLOOR``. torchao's MX
+  cast refuses a contraction length 32 does not divide; the presets pad.
 """
 
 from __future__ import annotations
