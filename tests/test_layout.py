@@ -9,6 +9,7 @@ document the repository does not contain.
 from __future__ import annotations
 
 import ast
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -159,3 +160,24 @@ def test_no_file_cites_a_missing_document():
         if p.resolve() != here and any(c in p.read_text() for c in cited)
     ]
     assert not bad, bad
+
+
+CITED_PATH = re.compile(
+    r"(?<![\w/.])((?:tests|fpsim|benchmarks|notebooks|figures)/[\w/.-]*\w\.(?:py|ipynb|md|png))"
+)
+SYNTHETIC = ("tests/test_complexity.py", "tests/formats/test_codes.py")  # build trees of made-up files
+
+
+def test_every_cited_repository_file_exists():
+    """A path like ``tests/formats/test_codes.py`` named in a docstring, comment, notebook or the
+    README is a file of the repository (a moved or renamed file leaves no stale citation)."""
+    files = [*PACKAGE.rglob("*.py"), *(ROOT / "tests").rglob("*.py"), *(ROOT / "benchmarks").glob("*.py")]
+    files += [*(ROOT / "notebooks").glob("*.ipynb"), ROOT / "README.md"]
+    missing = [
+        f"{p.relative_to(ROOT)}: {m.group(1)}"
+        for p in files
+        if str(p.relative_to(ROOT)) not in SYNTHETIC
+        for m in CITED_PATH.finditer(p.read_text())
+        if not (ROOT / m.group(1)).exists()
+    ]
+    assert not missing, missing

@@ -274,7 +274,7 @@ def test_stochastic_full_word_threshold():
 
 # --- hand-worked examples ------------------------------------------------------------------
 # (format, x, mode, saturate, expected code). Derivations in the comments; rules from the
-# RoundMode docstring (fpsim/rounding.py): ties, directed modes, and overflow (nearest and
+# RoundMode docstring (fpsim/formats/rounding.py): ties, directed modes, and overflow (nearest and
 # stochastic to inf, toward-zero and odd to max, directed by sign; no inf -> NaN; no NaN ->
 # max; saturate -> max).
 

@@ -2,7 +2,7 @@
 an encoding, a state kind or a weight decay in the kernel files equals the member's code
 (:attr:`fpsim.formats.RoundMode.code`, :attr:`fpsim.formats.Encoding.code`,
 :mod:`fpsim.formats.codes`), and the host passes ``mode.code`` and ``fmt.encoding.code``. The
-numpy and compiled tiers and the scan for a second numbering are in tests/test_codes.py."""
+numpy and compiled tiers and the scan for a second numbering are in tests/formats/test_codes.py."""
 
 from __future__ import annotations
 

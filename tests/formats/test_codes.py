@@ -23,7 +23,7 @@ from fpsim.formats import FORMATS, Encoding, Format, RoundMode
 from fpsim.formats.codes import Decay, StateKind
 from fpsim.replay.optim import Adam, AdamW
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 SHARED: tuple[type[enum.Enum], ...] = (RoundMode, Encoding, StateKind, Decay)
 HOMES = {  # the one place each enum is numbered
     RoundMode: "fpsim/formats/rounding.py",
