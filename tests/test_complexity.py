@@ -3,12 +3,12 @@ checked on a small tree made here, where every number is known by construction."
 
 from __future__ import annotations
 
-import importlib.util
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from scripts import loaded
 
 SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "complexity.py"
 
@@ -49,14 +49,8 @@ class C:
 
 @pytest.fixture(scope="module")
 def script():
-    spec = importlib.util.spec_from_file_location("complexity", SCRIPT)
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = mod  # dataclasses look their module up there
-    try:
-        spec.loader.exec_module(mod)
+    with loaded("complexity") as mod:
         yield mod
-    finally:
-        sys.modules.pop(spec.name, None)
 
 
 @pytest.fixture

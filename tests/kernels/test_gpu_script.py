@@ -3,25 +3,14 @@ arguments, splits the validation work, and refuses cleanly without CUDA."""
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
-
 import pytest
-
-SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "gpu_validate_and_bench.py"
+from scripts import loaded
 
 
 @pytest.fixture(scope="module")
 def script():
-    spec = importlib.util.spec_from_file_location("gpu_validate_and_bench", SCRIPT)
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = mod  # dataclasses look their module up there
-    try:
-        spec.loader.exec_module(mod)
+    with loaded("gpu_validate_and_bench") as mod:
         yield mod
-    finally:
-        sys.modules.pop(spec.name, None)
 
 
 def test_arguments(script):

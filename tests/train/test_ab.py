@@ -18,6 +18,18 @@ from fpsim.train.gemm import GEMM_RECIPES  # noqa: E402
 from fpsim.train.torch import AdamW, convert, gemm_stats  # noqa: E402
 
 
+def _train_by_hand(model, opt, batches) -> list[float]:
+    """The loop one writes by hand: its losses, step by step."""
+    losses = []
+    for x, y in batches:
+        loss = torch.nn.functional.cross_entropy(model(x), y)
+        losses.append(float(loss.detach()))
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    return losses
+
+
 def test_digits_are_deterministic_and_in_range():
     x, y = digits(3, n=256)
     x2, y2 = digits(3, n=256)
@@ -38,13 +50,7 @@ def test_run_ab_matches_a_hand_written_loop():
     torch.manual_seed(0)
     model = m.build()
     opt = AdamW(model.named_parameters(), lr=1e-2, config="int8-states")
-    losses = []
-    for x, y in batches:
-        loss = torch.nn.functional.cross_entropy(model(x), y)
-        losses.append(float(loss.detach()))
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
+    losses = _train_by_hand(model, opt, batches)
     assert res.losses["int8-states"] == losses
     with torch.no_grad():
         right = sum(int(model(held_x[i : i + 1]).argmax()) == int(held_y[i]) for i in range(len(held_y)))
@@ -147,13 +153,7 @@ def test_run_ab_with_gemm_recipes_same_start_same_batches():
     torch.manual_seed(0)
     model = convert(m.build(), "nvfp4", stats=True)
     opt = AdamW(model.named_parameters(), lr=3e-3, config="fp32")
-    losses = []
-    for x, y in batches:
-        loss = torch.nn.functional.cross_entropy(model(x), y)
-        losses.append(float(loss.detach()))
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
+    losses = _train_by_hand(model, opt, batches)
     assert res.losses["fp32/nvfp4"] == losses
     rows = gemm_stats(model)
     assert res.gemm_stats["fp32/nvfp4"] == rows
