@@ -20,6 +20,8 @@ import pytest
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
+from hf import tiny_bert_config, token_data  # noqa: E402
+
 from fpsim.cli.app import main  # noqa: E402
 from fpsim.trace import TraceCallback, TraceError, open_checkpoint, open_trace  # noqa: E402
 
@@ -41,22 +43,10 @@ def run(tmp_path_factory):
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     out = tmp_path_factory.mktemp("hf")
-    cfg = transformers.BertConfig(
-        vocab_size=64,
-        hidden_size=16,
-        num_hidden_layers=1,
-        num_attention_heads=2,
-        intermediate_size=32,
-        max_position_embeddings=16,
-        num_labels=2,
-    )
+    cfg = tiny_bert_config(transformers, 64)
     torch.manual_seed(0)
     model = transformers.BertForSequenceClassification(cfg)
-    g = torch.Generator().manual_seed(0)
-    data = [
-        {"input_ids": torch.randint(0, 64, (8,), generator=g), "labels": torch.tensor(i % 2)}
-        for i in range(96)
-    ]
+    data = token_data(64, 96)
     args = transformers.TrainingArguments(
         output_dir=str(out),
         max_steps=12,

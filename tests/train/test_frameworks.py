@@ -9,6 +9,8 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
+from hf import tiny_bert_config, token_data  # noqa: E402
+
 from fpsim.trace import TorchCapture, open_trace  # noqa: E402
 from fpsim.train.torch import AdamW  # noqa: E402
 
@@ -22,20 +24,8 @@ def _same_parameters(a, b) -> bool:
 def test_fpsim_adamw_in_the_hf_trainer_and_through_its_checkpoint(tmp_path):
     transformers = pytest.importorskip("transformers")
     # 4,096-element word embeddings: the one tensor bnb-8bit stores in 8 bits (min_8bit_size)
-    cfg = transformers.BertConfig(
-        vocab_size=256,
-        hidden_size=16,
-        num_hidden_layers=1,
-        num_attention_heads=2,
-        intermediate_size=32,
-        max_position_embeddings=16,
-        num_labels=2,
-    )
-    g = torch.Generator().manual_seed(0)
-    data = [
-        {"input_ids": torch.randint(0, 256, (8,), generator=g), "labels": torch.tensor(i % 2)}
-        for i in range(48)
-    ]
+    cfg = tiny_bert_config(transformers, 256)
+    data = token_data(256, 48)
 
     def train(name, config=None, resume=None, save=False):
         torch.manual_seed(0)
