@@ -151,6 +151,7 @@ class BenchCase:
 def bench_cases(n: int) -> list[BenchCase]:
     """The kernels to time on ``n`` elements (add block quantization here when it exists)."""
     import torch
+
     from fpsim.kernels import cast, hwcast
 
     dev = "cuda"
@@ -204,6 +205,7 @@ def optim_cases(n: int) -> list[BenchCase]:
     Bytes per parameter: p (2 read, 2 written), g (4 read), m and v codes (1 read, 1 written
     each), plus each state's float32 block scale (4 read, 4 written per 256 elements)."""
     import torch
+
     from fpsim.kernels import blocks, cast, optim
 
     dev = "cuda"

@@ -19,9 +19,6 @@ from oracles import nan_patterns
 torch = pytest.importorskip("torch")
 pytest.importorskip("triton")
 
-from fpsim.kernels import accumulate as ka  # noqa: E402
-from fpsim.kernels.validate.common import f32_fields  # noqa: E402
-
 import fpsim  # noqa: E402
 from fpsim.accumulate import accumulator_format, rounding_count  # noqa: E402
 from fpsim.formats import (  # noqa: E402
@@ -29,6 +26,8 @@ from fpsim.formats import (  # noqa: E402
     Format,
     RoundMode,  # noqa: E402
 )
+from fpsim.kernels import accumulate as ka  # noqa: E402
+from fpsim.kernels.validate.common import f32_fields  # noqa: E402
 
 ACCUMULATORS = [n for n, f in FORMATS.items() if isinstance(f, Format) and f.signed and f.has_zero]
 ACCUMULATORS += [14, 16, 24]
@@ -304,9 +303,10 @@ def test_float16_bfloat16_and_float64_operands_are_converted_like_the_emulator()
 
 def _compile(consts: dict):
     import triton
-    from fpsim.kernels._loader import kernel_module
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
+
+    from fpsim.kernels._loader import kernel_module
 
     fn = kernel_module("_accumulate_portable", interpret=False).matmul_kernel
     names = fn.arg_names

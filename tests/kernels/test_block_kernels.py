@@ -16,8 +16,6 @@ from oracles import with_nans
 torch = pytest.importorskip("torch")
 pytest.importorskip("triton")
 
-from fpsim.kernels import blocks  # noqa: E402
-
 from fpsim.emulate.blocks import encode_blocks as ref_encode  # noqa: E402
 from fpsim.formats import (  # noqa: E402
     FORMATS,  # noqa: E402
@@ -25,6 +23,7 @@ from fpsim.formats import (  # noqa: E402
     BlockFormat,
     ScaleRule,
 )
+from fpsim.kernels import blocks  # noqa: E402
 
 
 def _inputs(shape: tuple, seed: int = 0) -> np.ndarray:
@@ -177,9 +176,8 @@ def test_block_kernel_compiles_for_sm90(name, rounding):
         from triton.compiler import ASTSource
     except ImportError:  # pragma: no cover - older triton
         pytest.skip("this triton has no ASTSource/GPUTarget")
-    from fpsim.kernels._loader import kernel_module
-
     from fpsim.formats import RoundMode
+    from fpsim.kernels._loader import kernel_module
 
     bf = RECIPES[name]
     mode = RoundMode.parse(rounding)
@@ -224,10 +222,9 @@ def test_block_kernel_compiles_for_sm90(name, rounding):
 def test_metrics_tally_kernel(name):
     """Counts and maxima equal fpsim.analysis.metrics' exactly; float sums within
     kernels.metrics.sum_bound."""
-    from fpsim.kernels.metrics import sum_bound, tally
-
     from fpsim.analysis import metrics
     from fpsim.emulate.blocks import decode_blocks
+    from fpsim.kernels.metrics import sum_bound, tally
 
     bf = RECIPES[name]
     rng = np.random.default_rng(4)

@@ -361,9 +361,8 @@ def test_other_specialisations_compile(over):
 
 
 def test_validation_harness_passes_and_counts_a_wrong_kernel(monkeypatch):
-    from fpsim.kernels.validate import optim as validate_optim
-
     from fpsim.formats import RECIPES
+    from fpsim.kernels.validate import optim as validate_optim
 
     bf = RECIPES["fp8_e4m3_block256"]
     cases = validate_optim.run(
@@ -460,9 +459,8 @@ def test_kernel_equals_twin_on_rounding_ties(recipe):
     """beta1 = 0 makes m the gradient: every block's elements sit exactly on the ties of
     the element cast (kernels/validate/optim.py ``_ties``), where ``x / s`` and
     ``x * (1 / s)`` or ``<`` and ``<=`` give different codes."""
-    from fpsim.kernels.validate.optim import _ties
-
     from fpsim.formats import RECIPES
+    from fpsim.kernels.validate.optim import _ties
 
     g = _ties(RECIPES[recipe], np.random.default_rng(5))
     p = fpsim.encode(np.zeros_like(g), "bfloat16")

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+
 from fpsim.kernels.philox import philox4x32, philox_bits
 
 # Random123 kat_vectors (Salmon et al., SC 2011): counter, key -> the four output words.

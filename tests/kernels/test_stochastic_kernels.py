@@ -8,11 +8,11 @@ import os
 
 import numpy as np
 import pytest
-from fpsim.kernels._loader import interpreter_patches_restored
-from fpsim.kernels.philox import philox_bits
 from oracles import with_nans
 
 import fpsim
+from fpsim.kernels._loader import interpreter_patches_restored
+from fpsim.kernels.philox import philox_bits
 
 torch = pytest.importorskip("torch")
 triton = pytest.importorskip("triton")
