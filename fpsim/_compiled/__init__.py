@@ -19,6 +19,8 @@ from __future__ import annotations
 
 import enum
 import functools
+import os
+import sys
 import threading
 import warnings
 from types import ModuleType
@@ -96,10 +98,27 @@ _warned: set[str] = set()  # the cases said so in this process
 _warned_lock = threading.Lock()
 
 
-def fallback(case: str, instead: str = "numpy runs it", stacklevel: int = 3) -> None:
+_PACKAGE = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
+
+
+def _user_stacklevel() -> int:
+    """The ``stacklevel`` of the innermost caller outside fpsim and torch (for the warning's
+    location): the line of the user's code that asked for the work (``opt.step()``), not
+    fpsim's internals or torch's optimizer wrapper."""
+    inside = [_PACKAGE]
+    if "torch" in sys.modules and getattr(sys.modules["torch"], "__file__", None):
+        inside.append(os.path.dirname(os.path.abspath(sys.modules["torch"].__file__)) + os.sep)
+    frame, level = sys._getframe(1), 1  # the frame of the function that calls warnings.warn
+    while frame is not None and frame.f_code.co_filename.startswith(tuple(inside)):
+        frame, level = frame.f_back, level + 1
+    return level
+
+
+def fallback(case: str, instead: str = "numpy runs it") -> None:
     """Say that the compiled backend does not cover ``case`` (what is not covered: the option,
     format or array layout) and what runs it ``instead``: a :class:`FallbackWarning`, once per
-    ``case`` and process (the replay's threads included); the caller then runs that."""
+    ``case`` and process (the replay's threads included), pointing at the user's line that led
+    to it; the caller then runs that."""
     with _warned_lock:
         if case in _warned:
             return
@@ -107,7 +126,7 @@ def fallback(case: str, instead: str = "numpy runs it", stacklevel: int = 3) -> 
     warnings.warn(
         f"fpsim: the compiled backend does not cover {case}; {instead} (the same bits, slower)",
         FallbackWarning,
-        stacklevel=stacklevel,
+        stacklevel=_user_stacklevel(),
     )
 
 

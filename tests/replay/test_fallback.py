@@ -123,3 +123,20 @@ def test_training_fallback_warns_once_per_case(config, case):
         for k, t in opt_c.state[a].items():
             x, y = t.numpy(), opt_n.state[b][k].numpy()
             assert np.array_equal(_bits(x), _bits(y)) if x.dtype == np.float32 else np.array_equal(x, y), k
+
+
+def test_the_warning_points_at_the_users_line():
+    """The warning's location is the caller's line (here), not fpsim's internals or torch's
+    optimizer wrapper: for a replay optimizer step and for ``opt.step()`` of fpsim.train."""
+    p, g, m, v = _data(1000)
+    p_t = torch.nn.Parameter(torch.from_numpy(p.copy()))
+    opt = ftorch.AdamW([p_t], lr=1e-2, config="fp32", sqrt="torch", backend="compiled")
+    p_t.grad = torch.from_numpy(np.nan_to_num(g))
+    with warnings.catch_warnings(record=True) as got:
+        warnings.simplefilter("always")
+        with np.errstate(all="ignore"):
+            opt.step()
+            _compiled._warned.clear()
+            SGD(momentum=0.9, nesterov=True).step(p, g, {"momentum_buffer": m}, 1e-2, 1, backend=COMPILED)
+    where = [(w.filename, w.lineno) for w in got if issubclass(w.category, fpsim.FallbackWarning)]
+    assert [f for f, _ in where] == [__file__, __file__], where
