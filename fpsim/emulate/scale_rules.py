@@ -18,6 +18,7 @@ import numpy as np
 
 from ..formats import BlockFormat, Codebook, Format, RoundMode, ScaleRule
 from ..formats.amax import amax_ignore_nan
+from ..formats.codes import FactorKind
 from . import element
 
 __all__ = [
@@ -69,6 +70,8 @@ def block_factors(amax: np.ndarray, bf: BlockFormat, tensor_amax: float | None):
         return np.where(s == 0, _F32(1), s), s.view(np.uint32), None
     if rule is ScaleRule.NVFP4:
         return _nvfp4(amax, bf, tensor_amax)
+    if rule.factor is not FactorKind.POW2:
+        raise ValueError(f"the numpy tier has no scale arithmetic for ScaleRule.{rule.name}")
     e = _mx_exponent(amax, bf)
     nan = ~np.isfinite(amax) | (e > 127)
     e = np.maximum(e, -127)
@@ -77,15 +80,14 @@ def block_factors(amax: np.ndarray, bf: BlockFormat, tensor_amax: float | None):
 
 
 def apply_factor(xb: np.ndarray, factor: np.ndarray, rule: ScaleRule) -> np.ndarray:
-    """The element inputs: float32 ``xb * factor`` (TE, NVFP4), ``xb / factor`` (ABSMAX), or
-    the exact float64 ``xb * 2**-e`` (MX; NaN in a block of the NaN scale)."""
-    if rule is ScaleRule.ABSMAX:
+    """The element inputs by the rule's :attr:`~fpsim.formats.ScaleRule.factor`: float32
+    ``xb * factor`` (TE, NVFP4), ``xb / factor`` (ABSMAX), or the exact float64 ``xb * 2**-e``
+    (MX; NaN in a block of the NaN scale)."""
+    if rule.factor is FactorKind.QUOTIENT:
         return xb / factor
-    if rule in (ScaleRule.TE, ScaleRule.NVFP4):
+    if rule.factor is FactorKind.PRODUCT:
         return xb * factor
-    if rule.is_mx:
-        return np.where(np.isnan(factor), np.nan, xb.astype(np.float64) * factor)
-    raise ValueError(f"no element factor for scale rule {rule.name}")
+    return np.where(np.isnan(factor), np.nan, xb.astype(np.float64) * factor)
 
 
 def _mx_exponent(amax: np.ndarray, bf: BlockFormat) -> np.ndarray:

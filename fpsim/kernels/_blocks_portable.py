@@ -342,6 +342,7 @@ def block_kernel(
     emax,
     even_inc,
     RULE: tl.constexpr,
+    IGNORE_NAN: tl.constexpr,
     POW2: tl.constexpr,
     TAMAX: tl.constexpr,
     ONE_SCALE: tl.constexpr,
@@ -376,14 +377,10 @@ def block_kernel(
     else:
         r = b * 0
     rm = _u32(rmask)
-    if RULE >= _MX_FLOOR and RULE <= _MX_RCEIL:  # MX: torch.amax propagates NaN
-        ab = _amax_bits(b, mask, False).to(tl.uint32, bitcast=True)
-    elif RULE == _ABSMAX:
-        ab = _amax_bits(b, mask, False).to(tl.uint32, bitcast=True)
-    elif TAMAX and RULE == _TE:  # per-tensor: the amax of pass 1
+    if TAMAX and RULE == _TE:  # per-tensor: the amax of pass 1
         ab = tl.load(tamax_ptr).to(tl.uint32, bitcast=True)
-    else:  # TE, NVFP4, codebook: fmaxf skips NaN
-        ab = _amax_bits(b, mask, True).to(tl.uint32, bitcast=True)
+    else:  # IGNORE_NAN: fmaxf skips NaN (BlockFormat.amax_ignores_nan), else torch.amax
+        ab = _amax_bits(b, mask, IGNORE_NAN).to(tl.uint32, bitcast=True)
     amax = _f32(ab)
     shift = (b * 0).to(tl.int32)
     if RULE == _TE:

@@ -143,7 +143,7 @@ def encode_blocks(
     extra = {} if interp else {"num_warps": 4, "enable_fp_fusion": False}
     per_tensor = bf.block is None
     tamax = torch.zeros(1, dtype=torch.int32, device=x.device)
-    if per_tensor or bf.rule is ScaleRule.NVFP4:
+    if per_tensor or bf.rule.needs_tensor_amax:
         if tensor_amax is not None:
             tamax[0] = _bits32(tensor_amax)
         else:
@@ -163,7 +163,7 @@ def encode_blocks(
     mids = _midpoints(el, x.device) if book else tamax
     ce.update(
         POW2=bf.pow2,
-        TAMAX=per_tensor or bf.rule is ScaleRule.NVFP4,
+        TAMAX=per_tensor or bf.rule.needs_tensor_amax,
         ONE_SCALE=per_tensor,
         RAND=int(rand_kind),
         SCALE8=scale8,
@@ -270,4 +270,5 @@ def _kernel_args(bf: BlockFormat, mode: RoundMode, nbits: int) -> tuple[dict, di
     )
     ce = {k: ece[k] for k in ("IS_INT", "MODE", "ENC", "SIGNED", "HAS_ZERO", "OVF")}
     ce["RULE"] = int(rule_code(bf))
+    ce["IGNORE_NAN"] = bf.amax_ignores_nan
     return rt, ce
