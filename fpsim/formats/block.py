@@ -81,6 +81,14 @@ class ScaleRule(enum.Enum):
         NVFP4: Transformer Engine NVFP4: FP32 tensor scale ``S_enc = f32(2688 / amax_t)``,
             E4M3 block scale ``e4m3(f32(amax_b * f32(S_enc * f32(1/6))))``, elements
             ``cast(f32(x * f32(1 / f32(s8 * f32(1/S_enc)))))``.
+        UE8M0_CEIL: DeepGEMM's UE8M0 scales (deep_gemm/utils/math.py ``per_token_cast_to_fp8``
+            with ``use_ue8m0``, ``ceil_to_ue8m0``): ``2**ceil(log2(f32(max(amax, eps) /
+            elem_max)))`` (DeepGEMM: eps 1e-4, FP8 E4M3 elements, 1x128 blocks), stored as
+            E8M0 with the MX clamps below, elements the exact ``x * 2**-e``. The ceiling is
+            exact (subnormal quotients included); DeepGEMM's torch reference takes it of a
+            float32 ``log2``, which can round a quotient just above a power of two down to it.
+            Unlike MX_RCEIL the quotient is a division (not a product with ``f32(1/elem_max)``)
+            and the amax is clamped at ``eps``.
 
     MX rules: scale exponents are clamped below at -127; a non-finite amax or an exponent
     above 127 gives the NaN scale 0xFF. The amax propagates NaN (torch.amax, microxcaling).
@@ -96,6 +104,7 @@ class ScaleRule(enum.Enum):
     MX_EVEN = ("mx_even", RuleTraits(4, False, False, _X2, DecodeKind.POW2, _E8M0))
     MX_RCEIL = ("mx_rceil", RuleTraits(5, False, False, _X2, DecodeKind.POW2, _E8M0))
     NVFP4 = ("nvfp4", RuleTraits(6, True, True, _P, DecodeKind.TENSOR, "float8_e4m3fn"))
+    UE8M0_CEIL = ("ue8m0_ceil", RuleTraits(8, False, False, _X2, DecodeKind.POW2, _E8M0))
 
     def __new__(cls, value: str, traits: RuleTraits) -> ScaleRule:
         member = object.__new__(cls)

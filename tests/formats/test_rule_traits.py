@@ -13,7 +13,7 @@ from fpsim.formats import FORMATS, RECIPES, BlockFormat, Codebook, ScaleRule
 from fpsim.formats.codes import DecodeKind, FactorKind
 
 # fixed for good, as fpsim.formats.codes' numbers (numba caches and kernels take them)
-FIXED = dict(TE=0, ABSMAX=1, MX_FLOOR=2, MX_CEIL=3, MX_EVEN=4, MX_RCEIL=5, NVFP4=6)
+FIXED = dict(TE=0, ABSMAX=1, MX_FLOOR=2, MX_CEIL=3, MX_EVEN=4, MX_RCEIL=5, NVFP4=6, UE8M0_CEIL=8)
 CODEBOOK_RULE = 7  # the Triton block kernel's codebook branch
 
 

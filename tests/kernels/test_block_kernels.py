@@ -85,6 +85,18 @@ def test_mx_rules_bit_exact(rule, elem):
     _check(x, bf)
 
 
+@pytest.mark.parametrize("eps", [0.0, 1e-4])
+def test_ue8m0_ceil_eps_and_subnormal_quotients(eps):
+    """DeepGEMM's 1x128 UE8M0 recipe: the eps clamp, quotients 2**-127 and 1.5 * 2**-127."""
+    e4m3, e8m0 = FORMATS["float8_e4m3fn"], FORMATS["float8_e8m0fnu"]
+    bf = BlockFormat("dg", e4m3, (128,), ScaleRule.UE8M0_CEIL, e8m0, eps=eps)
+    x = _inputs((4, 256), seed=4)
+    x[0, :128] *= np.float32(1e-9)
+    x[1, :128], x[1, 0] = np.float32(2.0**-121), np.float32(7 * 2.0**-121)
+    x[2, :128], x[2, 0] = np.float32(2.0**-122), np.float32(21 * 2.0**-122)
+    _check(x, bf)
+
+
 @pytest.mark.parametrize(
     "name", ["mxfp8_e4m3", "mxint8", "mxfp4_e2m1", "nvfp4", "e4m3_block128", "int8_block256", "e5m2_tensor"]
 )
