@@ -79,12 +79,13 @@ def _amax_bits(b, mask, IGNORE_NAN: tl.constexpr):
 
 
 @triton.jit
-def amax_kernel(x_ptr, out_ptr, n, BLOCK: tl.constexpr):
-    """out[pid] = bits of the NaN-ignoring max |x| over the program's chunk (pass 1)."""
+def amax_kernel(x_ptr, out_ptr, n, BLOCK: tl.constexpr, IGNORE_NAN: tl.constexpr):
+    """out[pid] = bits of max |x| over the program's chunk (pass 1), NaN skipped or kept as
+    0x7FC00000 (which the integer max of the partials keeps)."""
     offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)[None, :]
     mask = offs < n
     b = tl.load(x_ptr + offs, mask=mask, other=0).to(tl.uint32, bitcast=True)
-    tl.store(out_ptr + tl.program_id(0), _amax_bits(b, mask, True))
+    tl.store(out_ptr + tl.program_id(0), _amax_bits(b, mask, IGNORE_NAN))
 
 
 @triton.jit
@@ -394,7 +395,7 @@ def block_kernel(
     else:
         r = b * 0
     rm = _u32(rmask)
-    if TAMAX and RULE == _TE:  # per-tensor: the amax of pass 1
+    if ONE_SCALE:  # per-tensor: the amax of pass 1 (a program holds one chunk of the tensor)
         ab = tl.load(tamax_ptr).to(tl.uint32, bitcast=True)
     else:  # IGNORE_NAN: fmaxf skips NaN (BlockFormat.amax_ignores_nan), else torch.amax
         ab = _amax_bits(b, mask, IGNORE_NAN).to(tl.uint32, bitcast=True)

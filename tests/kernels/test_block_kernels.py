@@ -85,6 +85,23 @@ def test_mx_rules_bit_exact(rule, elem):
     _check(x, bf)
 
 
+_PER_TENSOR = [(r, r.amax_ignores_nan) for r in ScaleRule] + [(ScaleRule.ABSMAX, True)]
+
+
+@pytest.mark.parametrize(("rule", "nan"), _PER_TENSOR, ids=lambda a: getattr(a, "value", str(a)))
+def test_per_tensor_scales_span_the_programs(rule, nan):
+    """One scale over more elements than one program holds (16384): every program takes the
+    amax of pass 1, which skips or propagates NaN as the rule's amax does (a NaN in the first
+    program, the amax in the second)."""
+    sf = FORMATS[rule.traits.scale_format]
+    bf = BlockFormat("pt", FORMATS["float8_e4m3fn"], None, rule, sf)
+    x = np.random.default_rng(5).standard_normal((2, 8200)).astype(np.float32)
+    x[1, -1] = 1000  # the amax in the second program's 16 elements
+    if nan:
+        x[0, 3] = np.nan
+    _check(x, bf)
+
+
 @pytest.mark.parametrize("eps", [0.0, 1e-4])
 def test_ue8m0_ceil_eps_and_subnormal_quotients(eps):
     """DeepGEMM's 1x128 UE8M0 recipe: the eps clamp, quotients 2**-127 and 1.5 * 2**-127."""
