@@ -187,6 +187,25 @@ def test_validate_all_block_rows():
     assert all(r["compared"] > 0 for r in rows.values())
 
 
+def test_validate_covers_every_scale_rule():
+    """fpsim validate-kernels has a block row for every rule, presets or not (the ones without a
+    preset under the first preset of their scale format), and the new rule's row is exact."""
+    from fpsim.kernels import validate
+    from fpsim.kernels.validate.blocks import recipes
+
+    table = recipes()
+    assert {bf.rule for bf in table.values()} == set(ScaleRule) and set(RECIPES) <= set(table)
+    report = validate.validate_all(
+        "cpu",
+        True,
+        formats=["mxfp8_e4m3_ue8m0_ceil"],
+        kernels=["blocks.encode_blocks"],
+        roundings=["nearest_even"],
+    )
+    assert [r["format"] for r in report["cases"]] == ["mxfp8_e4m3_ue8m0_ceil"]
+    assert report["mismatches"] == 0 and report["errors"] == 0 and report["compared"] > 0
+
+
 @pytest.mark.parametrize(
     "name,rounding",
     [("mxfp8_e4m3", "nearest_even"), ("mxint8", "stochastic"), ("nvfp4", "nearest_even")]
