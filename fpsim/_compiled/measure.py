@@ -567,10 +567,10 @@ def block_amax(x, layout, ignore_nan, out):
 def block_tally(x, xs, layout, f32, f64, dscale, tscale, p, mode, mix, offset, table, counts, bins, maxes):
     # a chunk under a block recipe (layout: block_ids' and kind, dkind) tallied against x
     # (float32 or float64) as fpsim.emulate.blocks encodes and decodes xs (x as float32):
-    # inputs (scale_rules.apply_factor) kind 0: xs * f32[b], 1: xs / f32[b], 2: float64
-    # xs * f64[b] (NaN where f64[b] is); elements in p (saturating), words random_word(mix,
-    # offset + i); values (blocks._decode_rows) with the scales dscale[b], dkind 0: float64
-    # product (MX), 1: (v * s) * tscale (NVFP4), 2: v * s
+    # inputs (apply_factor) kind (formats.codes.FactorKind) 0: xs * f32[b], 1: xs / f32[b], 2:
+    # float64 xs * f64[b] (NaN where f64[b] is); elements in p (saturating), words random_word(mix,
+    # offset + i); values (blocks._decode_rows) with the scales dscale[b], dkind (DecodeKind) 0:
+    # float64 product (POW2), 1: (v * s) * tscale (TENSOR), 2: v * s (PRODUCT)
     kind, dkind, n, nowords = layout[4], layout[5], x.size, np.zeros(0, np.uint32)
     codes, q = np.empty(TILE, np.uint64), np.empty(TILE, np.float32)
     at_max, sub, v = np.empty(TILE, np.bool_), np.empty(TILE, np.bool_), np.empty(TILE, np.float64)

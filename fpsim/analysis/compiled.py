@@ -20,7 +20,8 @@ from .._compiled.kinds import NBINS
 from ..emulate import element
 from ..emulate.random import SEED_MULTIPLIER
 from ..emulate.scale_rules import block_factors
-from ..formats import AnyFormat, BlockFormat, Codebook, Format, RoundMode, ScaleRule
+from ..formats import AnyFormat, BlockFormat, Codebook, Format, RoundMode
+from ..formats.codes import FactorKind
 from .partials import Partial, SwampPartial, exact_from_bins
 
 __all__ = ["Inputs", "block_partial", "element_partial", "inputs", "swamp_partials", "value_partial"]
@@ -126,15 +127,6 @@ def block_layout(shape: tuple[int, ...], bf: BlockFormat) -> tuple[int, int, int
     return cols, cols if bc == -1 else bc, rows, rows if br == -1 else br
 
 
-def _rule_kinds(rule: ScaleRule) -> tuple[int, int]:
-    """block_tally's numbers for a rule: how elements are scaled (0: float32 product, 1:
-    float32 quotient, 2: exact float64 product) and how stored values are decoded (0: float64
-    product, 1: NVFP4's two float32 products, 2: one float32 product)."""
-    if rule.is_mx:
-        return 2, 0
-    return {ScaleRule.TE: (0, 2), ScaleRule.NVFP4: (0, 1), ScaleRule.ABSMAX: (1, 2)}[rule]
-
-
 def block_partial(
     x: np.ndarray,
     bf: BlockFormat,
@@ -161,18 +153,19 @@ def block_partial(
     loops = _compiled.load_measure()
     flat = _compiled.frozen(x)
     xs = _compiled.frozen(element.as_float32(flat))
-    kind, dkind = _rule_kinds(bf.rule)
+    kind, dkind = int(bf.rule.factor), int(bf.rule.decode)  # fpsim.formats.codes
     how = (cols, bc, rows, br, kind, dkind)
     if bf.block is None and tensor_amax is not None:
         amax = np.full(1, tensor_amax, np.float32)
     else:
         amax = np.zeros(flat.size // (cols * rows) * -(-cols // bc) * -(-rows // br), np.float32)
-        loops.block_amax(xs, how, bf.rule in (ScaleRule.TE, ScaleRule.NVFP4), amax)
+        loops.block_amax(xs, how, bf.amax_ignores_nan, amax)
     with np.errstate(invalid="ignore", divide="ignore", over="ignore"):
         factor, scales, tensor = block_factors(amax, bf, tensor_amax)
         dscale = _compiled.frozen(element.decode_array(scales, bf.scale_format), np.float32)
-    f32 = _compiled.frozen(factor if kind < 2 else (), np.float32)
-    f64 = _compiled.frozen(factor if kind == 2 else (), np.float64)
+    pow2 = bf.rule.factor is FactorKind.POW2
+    f32 = _compiled.frozen(() if pow2 else factor, np.float32)
+    f64 = _compiled.frozen(factor if pow2 else (), np.float64)
     el = bf.element
     p = element.loop_params(el, True, isinstance(el, Format) and not el.subnormals)
     tscale = np.float32(tensor if tensor is not None else 1)

@@ -37,7 +37,7 @@ import numpy as np
 from .._compiled import Backend
 from ..emulate import blocks, element
 from ..emulate.random import random_bits_at, shifted_seed
-from ..formats import AnyFormat, BlockFormat, Codebook, Format, IntFormat, RoundMode, ScaleRule, get_format
+from ..formats import AnyFormat, BlockFormat, Codebook, Format, IntFormat, RoundMode, get_format
 from ..formats.amax import amax_ignore_nan
 from .partials import Partial, SwampPartial, exact_sum
 
@@ -203,7 +203,7 @@ def measure_tensor(
 
 def needs_tensor_amax(fmt: AnyKind) -> bool:
     """Whether a chunk of a tensor needs the whole tensor's amax (per-tensor recipes, NVFP4)."""
-    return isinstance(fmt, BlockFormat) and (fmt.block is None or fmt.rule is ScaleRule.NVFP4)
+    return isinstance(fmt, BlockFormat) and (fmt.block is None or fmt.rule.needs_tensor_amax)
 
 
 def tensor_amax(flat: np.ndarray) -> float:

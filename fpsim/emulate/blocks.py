@@ -25,8 +25,9 @@ import numpy as np
 
 from .. import _compiled
 from .._compiled import Backend
-from ..formats import BlockFormat, Codebook, RoundMode, ScaleRule, get_format
+from ..formats import BlockFormat, Codebook, RoundMode, get_format
 from ..formats.amax import amax_ignore_nan, amax_propagate_nan
+from ..formats.codes import DecodeKind
 from . import element
 from .random import stochastic_words
 from .scale_rules import codebook_codes, nearest_buckets, prescale
@@ -201,7 +202,7 @@ def _rows_per_chunk(bf: BlockFormat, xb: np.ndarray) -> int:
     ``benchmarks/bench_blocks.py``; at 2^18 glibc hands float64 temporaries back to the OS
     between chunks and MX encodes ran 3x slower). Per-tensor scales and NVFP4 (a tensor
     scale from the whole amax) take the tensor in one piece."""
-    if bf.block is None or bf.rule is ScaleRule.NVFP4:
+    if bf.block is None or bf.rule.needs_tensor_amax:
         return xb.shape[0]
     return max(1, (1 << 16) // max(1, math.prod(xb.shape[1:])))
 
@@ -213,9 +214,8 @@ def _encode_rows(
     the element cast runs where ``backend`` says (:func:`fpsim.emulate.element.encode_array`:
     the compiled loop gives the numpy tier's codes, tests/emulate/test_block_backend.py)."""
     axes = tuple(range(1, xb.ndim, 2))
-    ignore_nan = bf.rule in (ScaleRule.TE, ScaleRule.NVFP4) or isinstance(bf.element, Codebook)
     # fmaxf reductions skip NaN, torch.amax propagates it (decided on the bits, whatever the NaN)
-    amax = (amax_ignore_nan if ignore_nan else amax_propagate_nan)(xb, axis=axes, keepdims=True)
+    amax = (amax_ignore_nan if bf.amax_ignores_nan else amax_propagate_nan)(xb, axis=axes, keepdims=True)
     with np.errstate(invalid="ignore", divide="ignore", over="ignore"):
         if tensor_amax is not None and bf.block is None:
             amax = np.full_like(amax, tensor_amax)
@@ -266,9 +266,9 @@ def _decode_rows(bf: BlockFormat, cb: np.ndarray, s: np.ndarray, tensor_scale: f
     el = bf.element
     vb = el.table[cb] if isinstance(el, Codebook) else element.decode_array(cb, el)
     with np.errstate(invalid="ignore", over="ignore"):
-        if bf.rule.is_mx:  # exact power-of-two product, one rounding
+        if bf.rule.decode is DecodeKind.POW2:  # exact power-of-two product, one rounding
             return (vb.astype(np.float64) * s.astype(np.float64)).astype(_F32)
-        if bf.rule is ScaleRule.NVFP4:
+        if bf.rule.decode is DecodeKind.TENSOR:
             return (vb * s) * _F32(tensor_scale)
         return vb * s
 

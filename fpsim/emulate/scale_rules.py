@@ -18,6 +18,7 @@ import numpy as np
 
 from ..formats import BlockFormat, Codebook, Format, RoundMode, ScaleRule
 from ..formats.amax import amax_ignore_nan
+from ..formats.codes import FactorKind
 from . import element
 
 __all__ = [
@@ -69,6 +70,8 @@ def block_factors(amax: np.ndarray, bf: BlockFormat, tensor_amax: float | None):
         return np.where(s == 0, _F32(1), s), s.view(np.uint32), None
     if rule is ScaleRule.NVFP4:
         return _nvfp4(amax, bf, tensor_amax)
+    if rule.factor is not FactorKind.POW2:
+        raise ValueError(f"the numpy tier has no scale arithmetic for ScaleRule.{rule.name}")
     e = _mx_exponent(amax, bf)
     nan = ~np.isfinite(amax) | (e > 127)
     e = np.maximum(e, -127)
@@ -77,15 +80,14 @@ def block_factors(amax: np.ndarray, bf: BlockFormat, tensor_amax: float | None):
 
 
 def apply_factor(xb: np.ndarray, factor: np.ndarray, rule: ScaleRule) -> np.ndarray:
-    """The element inputs: float32 ``xb * factor`` (TE, NVFP4), ``xb / factor`` (ABSMAX), or
-    the exact float64 ``xb * 2**-e`` (MX; NaN in a block of the NaN scale)."""
-    if rule is ScaleRule.ABSMAX:
+    """The element inputs by the rule's :attr:`~fpsim.formats.ScaleRule.factor`: float32
+    ``xb * factor`` (TE, NVFP4), ``xb / factor`` (ABSMAX), or the exact float64 ``xb * 2**-e``
+    (MX; NaN in a block of the NaN scale)."""
+    if rule.factor is FactorKind.QUOTIENT:
         return xb / factor
-    if rule in (ScaleRule.TE, ScaleRule.NVFP4):
+    if rule.factor is FactorKind.PRODUCT:
         return xb * factor
-    if rule.is_mx:
-        return np.where(np.isnan(factor), np.nan, xb.astype(np.float64) * factor)
-    raise ValueError(f"no element factor for scale rule {rule.name}")
+    return np.where(np.isnan(factor), np.nan, xb.astype(np.float64) * factor)
 
 
 def _mx_exponent(amax: np.ndarray, bf: BlockFormat) -> np.ndarray:
@@ -96,6 +98,9 @@ def _mx_exponent(amax: np.ndarray, bf: BlockFormat) -> np.ndarray:
         el = bf.element
         m = el.mantissa_bits if isinstance(el, Format) else el.bits - 2
         bits = (bits + np.uint32(1 << (22 - m))) & np.uint32(0xFF800000)
+    if bf.rule is ScaleRule.UE8M0_CEIL:  # DeepGEMM: ceil(log2(f32(max(amax, eps) / elem_max)))
+        a = np.where(amax < _F32(bf.eps), _F32(bf.eps), amax).astype(_F32)
+        return _ceil_log2((a / _F32(bf.elem_max)).astype(_F32))
     if bf.rule is ScaleRule.MX_RCEIL:  # ceil to a power of two of amax * (1 / elem_max)
         d = (amax.astype(_F32) * _F32(1 / bf.elem_max)).view(np.uint32)
         biased, mant = (d >> 23).astype(np.int64), d & np.uint32(0x7FFFFF)
@@ -105,6 +110,16 @@ def _mx_exponent(amax: np.ndarray, bf: BlockFormat) -> np.ndarray:
     if bf.rule is ScaleRule.MX_CEIL:
         e = e + ((bits & np.uint32(0x7FFFFF)) != 0)
     return e
+
+
+def _ceil_log2(d: np.ndarray) -> np.ndarray:
+    """Exact ``ceil(log2 d)`` of float32 ``d >= 0`` from its bits (a subnormal through its integer
+    significand, converted exactly to float32, less 149); 0 gives -276, inf 128, NaN 129."""
+    b = d.view(np.uint32) & np.uint32(0x7FFFFFFF)
+    sub = b < np.uint32(0x800000)
+    b = np.where(sub, b.astype(_F32).view(np.uint32), b)
+    e = ((b >> 23) & np.uint32(0xFF)).astype(np.int64) - 127 + ((b & np.uint32(0x7FFFFF)) != 0)
+    return np.where(sub, e - 149, e)
 
 
 def _nvfp4(amax: np.ndarray, bf: BlockFormat, tensor_amax: float | None):

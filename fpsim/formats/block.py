@@ -18,9 +18,39 @@ from types import MappingProxyType
 import numpy as np
 
 from . import _codebooks
+from .codes import DecodeKind, FactorKind
 from .element import FORMATS, Format, IntFormat, check_bool, check_int, check_name
 
-__all__ = ["ScaleRule", "Codebook", "BlockFormat", "RECIPES"]
+__all__ = ["ScaleRule", "RuleTraits", "Codebook", "BlockFormat", "RECIPES"]
+
+
+@dataclass(frozen=True)
+class RuleTraits:
+    """What every tier needs to know about a scale rule besides its arithmetic.
+
+    Args:
+        code: the rule's number in the compiled and Triton tiers (the kernel's ``RULE``), fixed
+            for good as the numbers of :mod:`fpsim.formats.codes` are.
+        amax_ignores_nan: the block amax skips NaN (``fmaxf``) rather than propagating it
+            (``torch.amax``); codebook elements skip it whatever the rule
+            (:attr:`BlockFormat.amax_ignores_nan`).
+        needs_tensor_amax: the scales need the whole tensor's amax besides the block's (a first
+            pass over the tensor; the numpy tier encodes such a tensor in one piece).
+        factor: how elements are scaled before the cast.
+        decode: how stored values are decoded.
+        scale_format: the name of the format the block scales are stored in.
+    """
+
+    code: int
+    amax_ignores_nan: bool
+    needs_tensor_amax: bool
+    factor: FactorKind
+    decode: DecodeKind
+    scale_format: str
+
+
+_E8M0, _F32S = "float8_e8m0fnu", "float32"
+_P, _Q, _X2 = FactorKind.PRODUCT, FactorKind.QUOTIENT, FactorKind.POW2
 
 
 class ScaleRule(enum.Enum):
@@ -51,22 +81,65 @@ class ScaleRule(enum.Enum):
         NVFP4: Transformer Engine NVFP4: FP32 tensor scale ``S_enc = f32(2688 / amax_t)``,
             E4M3 block scale ``e4m3(f32(amax_b * f32(S_enc * f32(1/6))))``, elements
             ``cast(f32(x * f32(1 / f32(s8 * f32(1/S_enc)))))``.
+        UE8M0_CEIL: DeepGEMM's UE8M0 scales (deep_gemm/utils/math.py ``per_token_cast_to_fp8``
+            with ``use_ue8m0``, ``ceil_to_ue8m0``): ``2**ceil(log2(f32(max(amax, eps) /
+            elem_max)))`` (DeepGEMM: eps 1e-4, FP8 E4M3 elements, 1x128 blocks), stored as
+            E8M0 with the MX clamps below, elements the exact ``x * 2**-e``. The ceiling is
+            exact (subnormal quotients included); DeepGEMM's torch reference takes it of a
+            float32 ``log2``, which can round a quotient just above a power of two down to it.
+            Unlike MX_RCEIL the quotient is a division (not a product with ``f32(1/elem_max)``)
+            and the amax is clamped at ``eps``.
 
     MX rules: scale exponents are clamped below at -127; a non-finite amax or an exponent
     above 127 gives the NaN scale 0xFF. The amax propagates NaN (torch.amax, microxcaling).
+
+    Each member carries its :class:`RuleTraits` (``rule.traits``, and the properties below):
+    the facts every tier reads instead of listing members (README, "Adding a scale rule").
     """
 
-    TE = "te"
-    ABSMAX = "absmax"
-    MX_FLOOR = "mx_floor"
-    MX_CEIL = "mx_ceil"
-    MX_EVEN = "mx_even"
-    MX_RCEIL = "mx_rceil"
-    NVFP4 = "nvfp4"
+    TE = ("te", RuleTraits(0, True, False, _P, DecodeKind.PRODUCT, _F32S))
+    ABSMAX = ("absmax", RuleTraits(1, False, False, _Q, DecodeKind.PRODUCT, _F32S))
+    MX_FLOOR = ("mx_floor", RuleTraits(2, False, False, _X2, DecodeKind.POW2, _E8M0))
+    MX_CEIL = ("mx_ceil", RuleTraits(3, False, False, _X2, DecodeKind.POW2, _E8M0))
+    MX_EVEN = ("mx_even", RuleTraits(4, False, False, _X2, DecodeKind.POW2, _E8M0))
+    MX_RCEIL = ("mx_rceil", RuleTraits(5, False, False, _X2, DecodeKind.POW2, _E8M0))
+    NVFP4 = ("nvfp4", RuleTraits(6, True, True, _P, DecodeKind.TENSOR, "float8_e4m3fn"))
+    UE8M0_CEIL = ("ue8m0_ceil", RuleTraits(8, False, False, _X2, DecodeKind.POW2, _E8M0))
+
+    def __new__(cls, value: str, traits: RuleTraits) -> ScaleRule:
+        member = object.__new__(cls)
+        member._value_ = value
+        member.traits = traits
+        return member
 
     @property
     def is_mx(self) -> bool:
         return self.value.startswith("mx_")
+
+    @property
+    def code(self) -> int:
+        """The rule's number in the compiled and Triton tiers (:attr:`RuleTraits.code`)."""
+        return self.traits.code
+
+    @property
+    def amax_ignores_nan(self) -> bool:
+        """The block amax skips NaN (:attr:`RuleTraits.amax_ignores_nan`)."""
+        return self.traits.amax_ignores_nan
+
+    @property
+    def needs_tensor_amax(self) -> bool:
+        """The scales need the tensor's amax (:attr:`RuleTraits.needs_tensor_amax`)."""
+        return self.traits.needs_tensor_amax
+
+    @property
+    def factor(self) -> FactorKind:
+        """How elements are scaled before the cast (:class:`~fpsim.formats.codes.FactorKind`)."""
+        return self.traits.factor
+
+    @property
+    def decode(self) -> DecodeKind:
+        """How stored values are decoded (:class:`~fpsim.formats.codes.DecodeKind`)."""
+        return self.traits.decode
 
 
 @dataclass(frozen=True)
@@ -199,12 +272,12 @@ class BlockFormat:
                 raise ValueError(f"{where}: flatten needs a 1-D block, got {self.block}")
         if isinstance(self.element, Codebook) and self.rule is not ScaleRule.ABSMAX:
             raise ValueError(f"{where}: codebook elements need ScaleRule.ABSMAX")
-        if self.rule.is_mx and self.scale_format.name != "float8_e8m0fnu":
-            raise ValueError(f"{where}: MX rules store float8_e8m0fnu scales")
-        if self.rule is ScaleRule.NVFP4 and self.scale_format.name != "float8_e4m3fn":
-            raise ValueError(f"{where}: NVFP4 stores float8_e4m3fn block scales")
-        if not self.rule.is_mx and self.rule is not ScaleRule.NVFP4 and self.scale_format.bits != 32:
+        want = self.rule.traits.scale_format
+        if want == _F32S and self.scale_format.bits != 32:
             raise ValueError(f"{where}: {self.rule.value} stores float32 scales")
+        if want != _F32S and self.scale_format.name != want:
+            who = "MX rules store" if self.rule.is_mx else f"ScaleRule.{self.rule.name} stores"
+            raise ValueError(f"{where}: {who} {want} scales")
 
     def _check_types(self, where: str) -> None:
         """Types of every field (normalizing ``block`` to a tuple of ints), naming the argument."""
@@ -244,6 +317,12 @@ class BlockFormat:
         if not (math.isfinite(eps) and eps >= 0):
             raise ValueError(f"{where}: eps must be finite and >= 0, got {eps!r}")
         object.__setattr__(self, "eps", float(eps))
+
+    @property
+    def amax_ignores_nan(self) -> bool:
+        """The block amax skips NaN (fmaxf: Transformer Engine, NVFP4, bitsandbytes' codebook
+        kernels) rather than propagating it (torch.amax); the one NaN policy of every tier."""
+        return self.rule.amax_ignores_nan or isinstance(self.element, Codebook)
 
     @property
     def block_elements(self) -> int | None:

@@ -1,4 +1,6 @@
-"""The integer codes of an optimizer state's storage and of Adam's weight decay, numbered once.
+"""The integer codes of an optimizer state's storage, of Adam's weight decay and of a scale
+rule's kernels (:class:`FactorKind`, :class:`DecodeKind`; a rule's own number is
+:attr:`fpsim.formats.ScaleRule.code`), numbered once.
 
 The numpy step of :mod:`fpsim.replay.optim`, the compiled loops (:mod:`fpsim._compiled.loops`)
 and the Triton kernels (:mod:`fpsim.kernels`) take these two choices as plain integers and read
@@ -16,7 +18,7 @@ from __future__ import annotations
 
 import enum
 
-__all__ = ["Decay", "StateKind"]
+__all__ = ["Decay", "DecodeKind", "FactorKind", "StateKind"]
 
 
 class StateKind(enum.IntEnum):
@@ -79,3 +81,34 @@ class Decay(enum.IntEnum):
         if not weight_decay:
             return cls.NONE
         return cls.DECOUPLED if decoupled else cls.L2
+
+
+class FactorKind(enum.IntEnum):
+    """How a scale rule's elements are scaled before the element cast
+    (:func:`fpsim.emulate.scale_rules.apply_factor`; the compiled tally's ``kind``).
+
+    Attributes:
+        PRODUCT: float32 ``x * factor`` (Transformer Engine's encode multiplier, NVFP4).
+        QUOTIENT: float32 ``x / factor`` (the absmax decode scale).
+        POW2: the exact ``x * 2**-e`` (a float64 product, one rounding in the cast; NaN in a
+            block whose scale is NaN): the power-of-two E8M0 scales.
+    """
+
+    PRODUCT = 0
+    QUOTIENT = 1
+    POW2 = 2
+
+
+class DecodeKind(enum.IntEnum):
+    """How a scale rule's stored values are decoded (:func:`fpsim.emulate.blocks.decode_array`;
+    the compiled tally's ``dkind``).
+
+    Attributes:
+        POW2: the exact float64 product of element and scale, rounded once to float32.
+        TENSOR: ``f32(f32(v * s) * tensor_scale)`` (NVFP4's block and tensor scales).
+        PRODUCT: one float32 product ``v * s``.
+    """
+
+    POW2 = 0
+    TENSOR = 1
+    PRODUCT = 2

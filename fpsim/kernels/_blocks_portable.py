@@ -41,6 +41,7 @@ _MX_CEIL = tl.constexpr(int(Rule.MX_CEIL))
 _MX_EVEN = tl.constexpr(int(Rule.MX_EVEN))
 _MX_RCEIL = tl.constexpr(int(Rule.MX_RCEIL))
 _NVFP4 = tl.constexpr(int(Rule.NVFP4))
+_UE8M0_CEIL = tl.constexpr(int(Rule.UE8M0_CEIL))
 _CODEBOOK = tl.constexpr(int(Rule.CODEBOOK))
 _NEAREST_EVEN = _P._NEAREST_EVEN
 _FN = _P._FN
@@ -78,12 +79,13 @@ def _amax_bits(b, mask, IGNORE_NAN: tl.constexpr):
 
 
 @triton.jit
-def amax_kernel(x_ptr, out_ptr, n, BLOCK: tl.constexpr):
-    """out[pid] = bits of the NaN-ignoring max |x| over the program's chunk (pass 1)."""
+def amax_kernel(x_ptr, out_ptr, n, BLOCK: tl.constexpr, IGNORE_NAN: tl.constexpr):
+    """out[pid] = bits of max |x| over the program's chunk (pass 1), NaN skipped or kept as
+    0x7FC00000 (which the integer max of the partials keeps)."""
     offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)[None, :]
     mask = offs < n
     b = tl.load(x_ptr + offs, mask=mask, other=0).to(tl.uint32, bitcast=True)
-    tl.store(out_ptr + tl.program_id(0), _amax_bits(b, mask, True))
+    tl.store(out_ptr + tl.program_id(0), _amax_bits(b, mask, IGNORE_NAN))
 
 
 @triton.jit
@@ -261,10 +263,26 @@ def _codebook_codes(b, amax, mask, mid_ptr, NMID: tl.constexpr, NMID_LOG2: tl.co
 
 
 @triton.jit
-def _mx_scaled(b, amax, ab, inv_max_bits, even_inc, emax, RULE: tl.constexpr):
-    """MX: the block's shared exponent ``e`` by the rule; (the input bits, NaN for a NaN
+def _ceil_log2(d):
+    """Exact ``ceil(log2 d)`` (int32) of float32 ``d >= 0`` from its bits: a subnormal through
+    its integer significand, converted exactly to float32, less 149 (no float arithmetic on it)."""
+    db = _bits(d) & 0x7FFFFFFF
+    sub = db < 0x800000
+    b = tl.where(sub, _bits(db.to(tl.int32).to(tl.float32)), db)
+    e = ((b >> 23) & 0xFF).to(tl.int32) - 127 + ((b & 0x7FFFFF) != 0).to(tl.int32)
+    return tl.where(sub, e - 149, e)
+
+
+@triton.jit
+def _mx_scaled(b, amax, ab, inv_max_bits, even_inc, emax, eps_bits, elem_max_bits, RULE: tl.constexpr):
+    """E8M0 rules: the block's shared exponent ``e`` by the rule; (the input bits, NaN for a NaN
     scale, the E8M0 scale code, the exponent shift of the element cast)."""
-    if RULE == _MX_RCEIL:  # f32(amax * f32(1/elem_max)) rounded up to a power of two
+    if RULE == _UE8M0_CEIL:  # DeepGEMM: ceil(log2(f32(max(amax, eps) / elem_max)))
+        one = tl.full((1, 1), 1.0, tl.float32)
+        eps = _f32(_u32(eps_bits))
+        a = tl.where(amax < eps, eps, amax)
+        e = _ceil_log2(tl.math.div_rn(a, _f32(_u32(elem_max_bits)) * one))
+    elif RULE == _MX_RCEIL:  # f32(amax * f32(1/elem_max)) rounded up to a power of two
         d = _bits(amax * _f32(_u32(inv_max_bits)))
         biased = (d >> 23).to(tl.int32)
         mant = d & 0x7FFFFF
@@ -342,6 +360,7 @@ def block_kernel(
     emax,
     even_inc,
     RULE: tl.constexpr,
+    IGNORE_NAN: tl.constexpr,
     POW2: tl.constexpr,
     TAMAX: tl.constexpr,
     ONE_SCALE: tl.constexpr,
@@ -376,14 +395,10 @@ def block_kernel(
     else:
         r = b * 0
     rm = _u32(rmask)
-    if RULE >= _MX_FLOOR and RULE <= _MX_RCEIL:  # MX: torch.amax propagates NaN
-        ab = _amax_bits(b, mask, False).to(tl.uint32, bitcast=True)
-    elif RULE == _ABSMAX:
-        ab = _amax_bits(b, mask, False).to(tl.uint32, bitcast=True)
-    elif TAMAX and RULE == _TE:  # per-tensor: the amax of pass 1
+    if ONE_SCALE:  # per-tensor: the amax of pass 1 (a program holds one chunk of the tensor)
         ab = tl.load(tamax_ptr).to(tl.uint32, bitcast=True)
-    else:  # TE, NVFP4, codebook: fmaxf skips NaN
-        ab = _amax_bits(b, mask, True).to(tl.uint32, bitcast=True)
+    else:  # IGNORE_NAN: fmaxf skips NaN (BlockFormat.amax_ignores_nan), else torch.amax
+        ab = _amax_bits(b, mask, IGNORE_NAN).to(tl.uint32, bitcast=True)
     amax = _f32(ab)
     shift = (b * 0).to(tl.int32)
     if RULE == _TE:
@@ -408,7 +423,7 @@ def block_kernel(
         q = _codebook_codes(b, amax, mask, mid_ptr, NMID, NMID_LOG2)
         sc = ab
     else:
-        v, sc, e = _mx_scaled(b, amax, ab, inv_max_bits, even_inc, emax, RULE)
+        v, sc, e = _mx_scaled(b, amax, ab, inv_max_bits, even_inc, emax, eps_bits, elem_max_bits, RULE)
         shift = shift + e
     if RULE == _CODEBOOK:
         code = q.to(tl.uint32)

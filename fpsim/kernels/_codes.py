@@ -6,7 +6,8 @@ float format's ``ENC`` is :attr:`fpsim.formats.Encoding.code`, an optimizer stat
 and ``V_KIND`` are :class:`fpsim.formats.codes.StateKind` and Adam's ``DECAY`` is
 :class:`fpsim.formats.codes.Decay` (re-exported here). The codes only the kernels take are
 numbered below: where an overflow goes, the input dtype, the source of random words, the scale
-rule of a block kernel, the compensation and random words of the accumulation kernel. The host
+rule of a block kernel (the scale rules' :attr:`~fpsim.formats.ScaleRule.code` and the
+codebook's), the compensation and random words of the accumulation kernel. The host
 maps fpsim's choices to these codes here and passes them to the kernels as plain ints. The
 kernel files compare with module-level ``tl.constexpr`` copies of these values (``_NEAREST_EVEN
 = tl.constexpr(RoundMode.NEAREST_EVEN.code)``, ``_TE = tl.constexpr(int(Rule.TE))`` and the
@@ -28,6 +29,8 @@ __all__ = [
     "Source",
     "Random",
     "Rule",
+    "BLOCK_KERNEL_RULES",
+    "CODEBOOK_RULE",
     "StateKind",
     "Decay",
     "Comp",
@@ -85,28 +88,18 @@ class Random(enum.IntEnum):
     PHILOX = 2
 
 
-class Rule(enum.IntEnum):
-    """Scale rule of a block kernel (constexpr ``RULE``; :class:`~fpsim.formats.ScaleRule`).
+CODEBOOK_RULE = 7
+"""The block kernel's ``RULE`` for codebook elements (bitsandbytes: the nearest codebook entry
+of ``x / absmax``), beside the scale rules' own numbers; no :class:`ScaleRule` takes it."""
 
-    Attributes:
-        TE: Transformer Engine ``compute_scale_from_amax`` (per tensor, row or tile).
-        ABSMAX: linear block scaling ``s = max(amax, eps) / elem_max``, elements ``x / s``.
-        MX_FLOOR: OCP MX shared exponent ``floor(log2 amax) - emax``.
-        MX_CEIL: the MX exponent rounded up when amax is no power of two.
-        MX_EVEN: the MX exponent of amax rounded to the element format's precision first.
-        MX_RCEIL: the exponent of ``amax / elem_max`` rounded up (NVIDIA's RCEIL).
-        NVFP4: a float8_e4m3fn scale per 16 elements under a float32 tensor scale.
-        CODEBOOK: bitsandbytes: the nearest codebook entry of ``x / absmax``.
-    """
+Rule = enum.IntEnum("Rule", {**{r.name: r.code for r in ScaleRule}, "CODEBOOK": CODEBOOK_RULE})
+Rule.__doc__ = """Scale rule of a block kernel (constexpr ``RULE``): each :class:`~fpsim.formats.ScaleRule`
+under its own name and :attr:`~fpsim.formats.ScaleRule.code`, and CODEBOOK."""
+Rule.__module__ = __name__
 
-    TE = 0
-    ABSMAX = 1
-    MX_FLOOR = 2
-    MX_CEIL = 3
-    MX_EVEN = 4
-    MX_RCEIL = 5
-    NVFP4 = 6
-    CODEBOOK = 7
+BLOCK_KERNEL_RULES = frozenset(ScaleRule)
+"""The scale rules whose arithmetic the block kernel has (``_blocks_portable.py``); the host
+refuses the others (:func:`rule_code`) instead of running another rule's branch."""
 
 
 class Comp(enum.IntEnum):
@@ -151,13 +144,17 @@ def rule_code(bf: BlockFormat) -> Rule:
     """The block kernel's rule of a recipe: its scale rule, or CODEBOOK for codebook elements.
 
     Raises:
-        ValueError: a scale rule the block kernel has no code for.
+        ValueError: a scale rule whose arithmetic the block kernel does not have
+            (:data:`BLOCK_KERNEL_RULES`).
     """
     if isinstance(bf.element, Codebook):
         return Rule.CODEBOOK
-    if bf.rule.name not in Rule.__members__:
-        known = ", ".join(f"ScaleRule.{r.name}" for r in ScaleRule if r.name in Rule.__members__)
-        raise ValueError(f"the block kernel has no scale rule ScaleRule.{bf.rule.name}; it has {known}")
+    if bf.rule not in BLOCK_KERNEL_RULES:
+        known = ", ".join(f"ScaleRule.{r.name}" for r in ScaleRule if r in BLOCK_KERNEL_RULES)
+        raise ValueError(
+            f"{bf.name}: the Triton block kernel has no scale rule ScaleRule.{bf.rule.name} "
+            f"(use fpsim.emulate.blocks); it has {known}"
+        )
     return Rule[bf.rule.name]
 
 

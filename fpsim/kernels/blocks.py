@@ -143,11 +143,11 @@ def encode_blocks(
     extra = {} if interp else {"num_warps": 4, "enable_fp_fusion": False}
     per_tensor = bf.block is None
     tamax = torch.zeros(1, dtype=torch.int32, device=x.device)
-    if per_tensor or bf.rule is ScaleRule.NVFP4:
+    if per_tensor or bf.rule.needs_tensor_amax:
         if tensor_amax is not None:
             tamax[0] = _bits32(tensor_amax)
         else:
-            tamax = _tensor_amax(mod, xv, interp, extra)
+            tamax = _tensor_amax(mod, xv, interp, extra, bf.amax_ignores_nan)
     if per_tensor:
         from fpsim.emulate.blocks import block_geometry
 
@@ -163,7 +163,7 @@ def encode_blocks(
     mids = _midpoints(el, x.device) if book else tamax
     ce.update(
         POW2=bf.pow2,
-        TAMAX=per_tensor or bf.rule is ScaleRule.NVFP4,
+        TAMAX=per_tensor or bf.rule.needs_tensor_amax,
         ONE_SCALE=per_tensor,
         RAND=int(rand_kind),
         SCALE8=scale8,
@@ -201,12 +201,13 @@ def encode_blocks(
     return BlockCodesT(codes, scales.reshape(grid), tensor_scale)
 
 
-def _tensor_amax(mod: Any, xv: Any, interp: bool, extra: dict) -> Any:
-    """Pass 1: bits of the NaN-ignoring max |x| (int32 tensor of one element).
+def _tensor_amax(mod: Any, xv: Any, interp: bool, extra: dict, ignore_nan: bool) -> Any:
+    """Pass 1: bits of max |x| (int32 tensor of one element), NaN skipped or propagated as the
+    recipe's amax does (:attr:`~fpsim.formats.BlockFormat.amax_ignores_nan`).
 
     Each program reduces a chunk to a partial amax; the partials (non-negative float32
-    bits, no NaN) are reduced by the same kernel until one is left. The integer max is
-    exact, so the result does not depend on the chunking.
+    bits, NaN as 0x7FC00000, above every other) are reduced by the same kernel until one is
+    left. The integer max is exact, so the result does not depend on the chunking.
     """
     torch = require_torch()
     cur = xv.reshape(-1)
@@ -215,7 +216,9 @@ def _tensor_amax(mod: Any, xv: Any, interp: bool, extra: dict) -> Any:
         block = min(_pow2(m), _CHUNK)
         g = -(-m // block)
         out = torch.empty(g, dtype=torch.int32, device=cur.device)
-        _launch_kernel(mod.amax_kernel, (g,), interp, cur, out, m, BLOCK=block, **extra)
+        _launch_kernel(
+            mod.amax_kernel, (g,), interp, cur, out, m, BLOCK=block, IGNORE_NAN=ignore_nan, **extra
+        )
         if g == 1:
             return out
         cur = out
@@ -270,4 +273,5 @@ def _kernel_args(bf: BlockFormat, mode: RoundMode, nbits: int) -> tuple[dict, di
     )
     ce = {k: ece[k] for k in ("IS_INT", "MODE", "ENC", "SIGNED", "HAS_ZERO", "OVF")}
     ce["RULE"] = int(rule_code(bf))
+    ce["IGNORE_NAN"] = bf.amax_ignores_nan
     return rt, ce

@@ -96,7 +96,7 @@ def test_block_recipes(name, shape):
 
 def _variants() -> dict[str, BlockFormat]:
     """Block layouts and rules the presets do not have: per-column scales, 2-D blocks with a
-    whole axis, small tiles, the other MX scale rules."""
+    whole axis, small tiles, the other E8M0 scale rules."""
     import dataclasses
 
     from fpsim.formats import ScaleRule
@@ -105,7 +105,7 @@ def _variants() -> dict[str, BlockFormat]:
     out = {
         f"tile{b}": dataclasses.replace(tile, name=f"tile{b}", block=b) for b in ((-1, 1), (32, -1), (4, 8))
     }
-    for rule in (ScaleRule.MX_CEIL, ScaleRule.MX_EVEN, ScaleRule.MX_RCEIL):
+    for rule in (r for r in ScaleRule if r.traits.scale_format == "float8_e8m0fnu" and r is not mx.rule):
         out[rule.name] = dataclasses.replace(mx, name=rule.name, rule=rule)
     out["nvfp4_tiles"] = dataclasses.replace(RECIPES["nvfp4"], name="nvfp4_tiles", block=(2, 8))
     return out

@@ -138,7 +138,7 @@ def test_bits_per_element(name, bits):
         (dict(element=Codebook.bnb_dynamic(), rule=ScaleRule.TE), r"codebook elements need ScaleRule.ABSMAX"),
         (dict(rule=ScaleRule.MX_FLOOR), r"MX rules store float8_e8m0fnu scales"),
         (dict(rule=ScaleRule.MX_RCEIL, scale_format=E4M3), r"MX rules store float8_e8m0fnu scales"),
-        (dict(rule=ScaleRule.NVFP4, scale_format=E8M0), r"NVFP4 stores float8_e4m3fn block scales"),
+        (dict(rule=ScaleRule.NVFP4, scale_format=E8M0), r"ScaleRule.NVFP4 stores float8_e4m3fn scales"),
         (dict(rule=ScaleRule.TE, scale_format=E8M0), r"te stores float32 scales"),
         (dict(rule=ScaleRule.ABSMAX, scale_format=E4M3), r"absmax stores float32 scales"),
     ],

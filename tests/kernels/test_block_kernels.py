@@ -75,15 +75,42 @@ _MX_ELEMENTS = {
 }
 
 
-@pytest.mark.parametrize(
-    "rule", [ScaleRule.MX_FLOOR, ScaleRule.MX_CEIL, ScaleRule.MX_EVEN, ScaleRule.MX_RCEIL]
-)
+@pytest.mark.parametrize("rule", [r for r in ScaleRule if r.traits.scale_format == "float8_e8m0fnu"])
 @pytest.mark.parametrize("elem", sorted(_MX_ELEMENTS))
 def test_mx_rules_bit_exact(rule, elem):
     bf = BlockFormat(f"mx_{elem}_{rule.value}", _MX_ELEMENTS[elem], (32,), rule, FORMATS["float8_e8m0fnu"])
     x = _inputs((3, 100), seed=1)
     x[1, :32] = np.float32(448 * 1.0625)  # amax rounding up under EVEN / CEIL / RCEIL
     x[2, 32:64] *= np.float32(2.0**100)  # overflowing exponents: NaN scales
+    _check(x, bf)
+
+
+_PER_TENSOR = [(r, r.amax_ignores_nan) for r in ScaleRule] + [(ScaleRule.ABSMAX, True)]
+
+
+@pytest.mark.parametrize(("rule", "nan"), _PER_TENSOR, ids=lambda a: getattr(a, "value", str(a)))
+def test_per_tensor_scales_span_the_programs(rule, nan):
+    """One scale over more elements than one program holds (16384): every program takes the
+    amax of pass 1, which skips or propagates NaN as the rule's amax does (a NaN in the first
+    program, the amax in the second)."""
+    sf = FORMATS[rule.traits.scale_format]
+    bf = BlockFormat("pt", FORMATS["float8_e4m3fn"], None, rule, sf)
+    x = np.random.default_rng(5).standard_normal((2, 8200)).astype(np.float32)
+    x[1, -1] = 1000  # the amax in the second program's 16 elements
+    if nan:
+        x[0, 3] = np.nan
+    _check(x, bf)
+
+
+@pytest.mark.parametrize("eps", [0.0, 1e-4])
+def test_ue8m0_ceil_eps_and_subnormal_quotients(eps):
+    """DeepGEMM's 1x128 UE8M0 recipe: the eps clamp, quotients 2**-127 and 1.5 * 2**-127."""
+    e4m3, e8m0 = FORMATS["float8_e4m3fn"], FORMATS["float8_e8m0fnu"]
+    bf = BlockFormat("dg", e4m3, (128,), ScaleRule.UE8M0_CEIL, e8m0, eps=eps)
+    x = _inputs((4, 256), seed=4)
+    x[0, :128] *= np.float32(1e-9)
+    x[1, :128], x[1, 0] = np.float32(2.0**-121), np.float32(7 * 2.0**-121)
+    x[2, :128], x[2, 0] = np.float32(2.0**-122), np.float32(21 * 2.0**-122)
     _check(x, bf)
 
 
@@ -158,6 +185,25 @@ def test_validate_all_block_rows():
     assert ("mxfp4_e2m1", "stochastic") in rows and len(rows) == 3  # no element formats
     assert report["mismatches"] == 0 and report["errors"] == 0
     assert all(r["compared"] > 0 for r in rows.values())
+
+
+def test_validate_covers_every_scale_rule():
+    """fpsim validate-kernels has a block row for every rule, presets or not (the ones without a
+    preset under the first preset of their scale format), and the new rule's row is exact."""
+    from fpsim.kernels import validate
+    from fpsim.kernels.validate.blocks import recipes
+
+    table = recipes()
+    assert {bf.rule for bf in table.values()} == set(ScaleRule) and set(RECIPES) <= set(table)
+    report = validate.validate_all(
+        "cpu",
+        True,
+        formats=["mxfp8_e4m3_ue8m0_ceil"],
+        kernels=["blocks.encode_blocks"],
+        roundings=["nearest_even"],
+    )
+    assert [r["format"] for r in report["cases"]] == ["mxfp8_e4m3_ue8m0_ceil"]
+    assert report["mismatches"] == 0 and report["errors"] == 0 and report["compared"] > 0
 
 
 @pytest.mark.parametrize(

@@ -21,7 +21,7 @@ from typing import Any
 
 import numpy as np
 
-from fpsim.formats import BlockFormat, Codebook, RoundMode
+from fpsim.formats import FORMATS, RECIPES, BlockFormat, Codebook, RoundMode, ScaleRule
 
 from .common import SHOWN, Case, Mismatch, input_bits, trace_tensors
 
@@ -69,6 +69,28 @@ def input_blocks(bf: BlockFormat, quick: bool, seed: int = 0) -> list[tuple[str,
             if two_d and a.ndim < 2:
                 a = a.reshape(1, -1)
             out.append((f"{name} #{i} {tuple(a.shape)}", np.array(a, np.float32, order="C")))  # writable copy
+    return out
+
+
+def recipes() -> dict[str, BlockFormat]:
+    """The block kernel's rows: every preset of :data:`~fpsim.formats.block.RECIPES`, and for
+    each scale rule no preset uses, the first float element preset of the rule's scale format
+    under that rule (named ``<preset>_<rule>``), so that every rule is validated."""
+    out = dict(RECIPES)
+    used = {bf.rule for bf in RECIPES.values()}
+    for rule in ScaleRule:
+        if rule in used:
+            continue
+        want = rule.traits.scale_format
+        base = next(
+            bf
+            for bf in RECIPES.values()
+            if bf.scale_format.name == want and not isinstance(bf.element, Codebook) and bf.block is not None
+        )
+        name = f"{base.name}_{rule.value}"
+        out[name] = BlockFormat(
+            name, base.element, base.block, rule, FORMATS[want], base.pow2, base.eps, base.flatten, base.pad
+        )
     return out
 
 

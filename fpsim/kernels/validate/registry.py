@@ -12,6 +12,7 @@ from fpsim.formats import FORMATS, AnyFormat, RoundMode
 
 from . import accumulate, optim
 from .blocks import applies as blocks_applies
+from .blocks import recipes as blocks_recipes
 from .blocks import validate_blocks
 from .cast import validate, validate_decode
 from .common import SHOWN, Case
@@ -118,7 +119,8 @@ for _spec in (
     KernelSpec("cast.quantize", _cast("quantize")),
     KernelSpec("cast.decode", _decode_run, applies=_nearest_even_only),
     KernelSpec("hwcast.encode", _hw_run, applies=_hw_applies, skip=_hw_skip),
-    KernelSpec("blocks.encode_blocks", _blocks_run, applies=blocks_applies, recipes=True),
+    # every preset, and a recipe for each scale rule no preset uses
+    KernelSpec("blocks.encode_blocks", _blocks_run, applies=blocks_applies, formats=blocks_recipes),
     # the emulated matmul with limited-precision accumulation, per accumulator format
     KernelSpec("accumulate.matmul", accumulate.run, formats=accumulate.accumulators),
     # the fused optimizer step: one row per 8-bit / FP8 state recipe x master rounding
@@ -141,8 +143,9 @@ def validate_all(
     Args:
         device: "cpu" (Triton's interpreter) or "cuda".
         quick: fewer inputs per case (:func:`~fpsim.kernels.validate.input_sets` with ``cases="quick"``).
-        formats: only these format names (default: all of :data:`fpsim.FORMATS`, and for
-            block kernels all of :data:`fpsim.formats.block.RECIPES`; recipe names and the
+        formats: only these format names (default: all of :data:`fpsim.FORMATS`, for the
+            block kernel every recipe and rule (:func:`fpsim.kernels.validate.blocks.recipes`),
+            for the optimizer all of :data:`fpsim.formats.block.RECIPES`; recipe names and the
             names of kernels' own format tables, ``KernelSpec.formats``, are accepted too).
         kernels: only these kernels (names in :data:`KERNELS`).
         roundings: only these rounding modes.
