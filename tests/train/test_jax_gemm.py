@@ -73,12 +73,15 @@ def _run(name, x, w, dy, step, layer="linear"):
 def test_dense_equals_matmuls_of_quantized_operands(name, shape):
     """y, dx, dW (jitted vjp) are FP32 matmuls of fpsim.quantize's operands, bit for bit; the
     ragged shape (21 tokens, 80 and 48 features) pads partial blocks (nvfp4's Hadamard
-    transform needs 16 | tokens: 32 tokens, 72 and 40 features there)."""
+    transform needs 16 | tokens: 32 tokens, 72 and 40 features there) and holds a NaN and an
+    infinity."""
     (xs, n), recipe = shape, GEMM_RECIPES[name]
     if name == "nvfp4" and xs[0] == 3:
         xs, n = (2, 16, 72), 40
     rng = np.random.default_rng(2)
     x, w, dy = _wide(rng, xs), _wide(rng, (n, xs[-1])), _wide(rng, (*xs[:-1], n))
+    if shape[0][0] == 3:  # ragged: a NaN, an infinity and a zero in the last token (by class)
+        x[-1, -1, :3] = [np.nan, np.inf, 0.0]
     step, layer = 5, "blocks.0.fc"
     y, dx, dw = _run(name, x, w, dy, step, layer)
     k = xs[-1]
