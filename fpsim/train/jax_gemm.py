@@ -12,8 +12,9 @@ torch module of that name at that step quantizes to the same bits. Leading batch
 ``x`` are flattened into tokens, as the torch path does.
 
 The GEMM itself runs in the callback too, a real FP32 one: ``np.matmul(a, b.T)`` of the
-dequantized float32 operands (numpy's BLAS, the same bits wherever it runs, not XLA's dot,
-whose summation order changes with the fusion around it), or with ``GemmRecipe(accumulate=...)``
+dequantized float32 operands (numpy's BLAS: the bits of ``np.matmul`` on the same machine;
+not XLA's dot, which under ``jax.jit`` gave other last bits than the same dot run alone, on
+jaxlib 0.10's CPU backend), or with ``GemmRecipe(accumulate=...)``
 :func:`fpsim.train.gemm.gemm` (the emulated accumulator), the torch path's own code. The torch
 path's FP32 GEMM is ``torch.matmul`` (torch's BLAS), so y, dx and dW equal the torch path's
 where the two BLAS sum alike; the operands are equal always. Tested
