@@ -10,6 +10,8 @@
   :func:`~fpsim.train.linear.convert`, re-exported by :mod:`fpsim.train.torch`): emulated
   low-precision GEMMs, Transformer Engine's FP8, MX and NVFP4 recipes in the forward and
   backward passes.
+- :mod:`fpsim.train.jax_gemm`: :func:`~fpsim.train.jax_gemm.linear`, the same GEMMs for JAX
+  (``x @ w.T`` through ``jax.custom_vjp``, the operands quantized by the same code).
 
 Each update of one tensor is :func:`fpsim.replay.tensorstep.tensor_step`, the replay's own
 (one implementation: a live loop and a replay of its recorded gradients give the same bits).
