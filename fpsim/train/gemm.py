@@ -89,6 +89,7 @@ __all__ = [
     "gemm",
     "hadamard16",
     "max_block_dynamic_range",
+    "module_operand",
     "operand_seed",
     "quantize_operand",
     "resolve_recipe",
@@ -525,3 +526,34 @@ def max_block_dynamic_range(a: np.ndarray, block_format: BlockFormat | None = No
 def operand_words(seed: int, module: str, step: int, gemm: Gemm, role: str, shape: tuple) -> np.ndarray:
     """The random words of a stochastically rounded operand (:func:`operand_seed`)."""
     return random_bits_at(operand_seed(seed, module, step, gemm, role), 0, math.prod(shape)).reshape(shape)
+
+
+def module_operand(
+    a: np.ndarray,
+    recipe: GemmRecipe,
+    role: str,
+    g: Gemm,
+    module: str,
+    step: int,
+    backend: Backend,
+    *,
+    stats: bool = False,
+) -> tuple[np.ndarray, OperandStats | None]:
+    """Operand ``role`` of GEMM ``g`` of layer ``module`` at ``step`` (``a`` oriented, contraction
+    axis last) as that GEMM reads it under a stateless ``recipe``: the Hadamard transform of the
+    wgrad operands where the recipe has one, the operand's stochastic words (:func:`operand_words`),
+    then :func:`quantize_operand`. The one function the torch layer and the JAX ``dot`` share;
+    a shape the format or the transform cannot take is a ValueError naming the layer, the
+    GEMM and the operand."""
+    op = recipe.operand(role)
+    where = f"{module}: {role} in {g.value} {a.shape}"
+    if op.hadamard and g is Gemm.WGRAD:
+        try:
+            a = hadamard16(a)
+        except ValueError as e:
+            raise ValueError(f"{where}: {e}") from None
+    words = operand_words(recipe.seed, module, step, g, role, a.shape) if op.stochastic else None
+    try:
+        return quantize_operand(a, op, backend, random_bits=words, stats=stats)
+    except ValueError as e:
+        raise ValueError(f"{where} under {op.name}: {e}") from None

@@ -39,7 +39,7 @@ from .._compiled import Backend
 from ..emulate.blocks import block_geometry
 from ..emulate.delayed import DelayedScaling
 from ..formats import BlockFormat
-from .gemm import ROLES, Gemm, GemmRecipe, gemm, hadamard16, operand_words, quantize_operand, resolve_recipe
+from .gemm import ROLES, Gemm, GemmRecipe, gemm, module_operand, resolve_recipe
 
 __all__ = ["linear"]
 
@@ -57,14 +57,9 @@ _OPERANDS = (
 
 
 def _quantize(a: np.ndarray, recipe: GemmRecipe, role: str, g: Gemm, name: str, step: int, backend: Backend):
-    """``a`` (oriented: contraction axis last) as GEMM ``g`` reads it: the torch path's
-    ``EmulatedLinear._quantize`` (Hadamard transform of the wgrad operands, stochastic words)."""
-    op = recipe.operand(role)
-    a = np.ascontiguousarray(a, _F32)
-    if op.hadamard and g is Gemm.WGRAD:
-        a = hadamard16(a)
-    words = operand_words(recipe.seed, name, step, g, role, a.shape) if op.stochastic else None
-    return quantize_operand(a, op, backend, random_bits=words)[0]
+    """``a`` (oriented: contraction axis last) as GEMM ``g`` reads it: the torch layer's
+    :func:`fpsim.train.gemm.module_operand`."""
+    return module_operand(np.ascontiguousarray(a, _F32), recipe, role, g, name, step, backend)[0]
 
 
 def _check(recipe: GemmRecipe, name: str, m: int, n: int, k: int) -> None:

@@ -41,9 +41,7 @@ from .gemm import (
     OperandStats,
     delayed_cast,
     gemm,
-    hadamard16,
-    operand_words,
-    quantize_operand,
+    module_operand,
     resolve_recipe,
 )
 
@@ -173,19 +171,7 @@ class EmulatedLinear(torch.nn.Linear):
         return q
 
     def _quantize(self, a, recipe: GemmRecipe, role: str, gemm: Gemm, step: int, stats: bool):
-        op = recipe.operand(role)
-        if op.hadamard and gemm is Gemm.WGRAD:
-            try:
-                a = hadamard16(a)
-            except ValueError as e:
-                raise ValueError(f"{self.name}: {role} in {gemm.value} {a.shape}: {e}") from None
-        words = None
-        if op.stochastic:
-            words = operand_words(recipe.seed, self.name, step, gemm, role, a.shape)
-        try:
-            return quantize_operand(a, op, self.backend, random_bits=words, stats=stats)
-        except ValueError as e:
-            raise ValueError(f"{self.name}: {role} in {gemm.value} {a.shape} under {op.name}: {e}") from None
+        return module_operand(a, recipe, role, gemm, self.name, step, self.backend, stats=stats)
 
     def _what_if(self, a: np.ndarray, role: str, gemm: Gemm, step: int) -> None:
         """The statistics of ``a`` under each what-if recipe (nothing else kept). A delayed
