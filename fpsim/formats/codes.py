@@ -18,7 +18,26 @@ from __future__ import annotations
 
 import enum
 
-__all__ = ["Decay", "DecodeKind", "FactorKind", "StateKind"]
+__all__ = ["Decay", "DecodeKind", "FactorKind", "NumberedEnum", "StateKind"]
+
+
+class NumberedEnum(enum.Enum):
+    """An enum whose members are their name (``value``) and a fixed integer :attr:`code`,
+    written ``MEMBER = "name", code`` (a member without a code fails when the class is made):
+    the base of :class:`fpsim.formats.RoundMode` and :class:`fpsim.formats.Encoding`."""
+
+    def __new__(cls, value: str, code: int) -> NumberedEnum:
+        member = object.__new__(cls)
+        member._value_ = value
+        member._code = code
+        return member
+
+    @property
+    def code(self) -> int:
+        """The member's integer code in the compiled loops and the kernels, fixed for good: a new
+        member takes a new number and none is renumbered (numba caches compiled loops with the
+        numbers frozen in)."""
+        return self._code
 
 
 class StateKind(enum.IntEnum):

@@ -13,11 +13,12 @@ Names follow ml_dtypes. Variants are made with :func:`dataclasses.replace`, for 
 
 from __future__ import annotations
 
-import enum
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
+
+from .codes import NumberedEnum
 
 __all__ = [
     "Encoding",
@@ -51,7 +52,7 @@ def check_bool(value: object, arg: str, where: str) -> bool:
     return bool(value)
 
 
-class Encoding(enum.Enum):
+class Encoding(NumberedEnum):
     """How a float format uses its top codes.
 
     Attributes:
@@ -71,18 +72,6 @@ class Encoding(enum.Enum):
     FN = "fn", 1
     FNUZ = "fnuz", 2
     FINITE = "finite", 3
-
-    def __new__(cls, value: str, code: int) -> Encoding:
-        member = object.__new__(cls)
-        member._value_ = value
-        member._code = code
-        return member
-
-    @property
-    def code(self) -> int:
-        """The encoding's integer code in the compiled loops and the kernels, fixed for good (a
-        new encoding takes a new number; numba caches compiled loops with the numbers frozen in)."""
-        return self._code
 
 
 @dataclass(frozen=True)

@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import enum
+from .codes import NumberedEnum
 
 __all__ = ["RoundMode"]
 
 
-class RoundMode(enum.Enum):
+class RoundMode(NumberedEnum):
     """How a value between two representable neighbours is rounded.
 
     Attributes:
@@ -42,19 +42,6 @@ class RoundMode(enum.Enum):
     TOWARD_NEGATIVE = "toward_negative", 4
     STOCHASTIC = "stochastic", 5
     ODD = "odd", 6
-
-    def __new__(cls, value: str, code: int) -> RoundMode:
-        member = object.__new__(cls)
-        member._value_ = value
-        member._code = code
-        return member
-
-    @property
-    def code(self) -> int:
-        """The mode's integer code in the compiled loops and the kernels, fixed for good: a new
-        mode takes a new number and none is renumbered (numba caches compiled loops with the
-        numbers frozen in)."""
-        return self._code
 
     @classmethod
     def parse(cls, mode: RoundMode | str) -> RoundMode:
