@@ -33,7 +33,7 @@ _encode_int = _P._encode_int
 _decode = _P._decode
 _u32 = _P._u32
 
-# The RULE codes (kernels/_codes.py Rule) and the cast codes, as tl.constexpr globals.
+# The RULE codes (fpsim/kernels/_codes.py Rule) and the cast codes, as tl.constexpr globals.
 _TE = tl.constexpr(int(Rule.TE))
 _ABSMAX = tl.constexpr(int(Rule.ABSMAX))
 _MX_FLOOR = tl.constexpr(int(Rule.MX_FLOOR))

@@ -58,7 +58,7 @@ def is_interpreted(device: Any) -> bool:
 
 
 def kernel_module(name: str, interpret: bool) -> ModuleType:
-    """The kernel source file ``kernels/<name>.py`` executed for the interpreter or the compiler.
+    """The kernel source file ``fpsim/kernels/<name>.py`` executed for the interpreter or the compiler.
 
     Args:
         name: ``"_portable"`` or ``"_hw"``.

@@ -52,7 +52,7 @@ _load_f32_bits = _P._load_f32_bits
 _random_words = _P._random_words
 _u32 = _P._u32
 
-# The KIND, DECAY and source codes (kernels/_codes.py) and the cast codes, as tl.constexpr globals.
+# The KIND, DECAY and source codes (fpsim/kernels/_codes.py) and the cast codes, as tl.constexpr globals.
 _FP32 = tl.constexpr(int(StateKind.FP32))
 _CODEBOOK = tl.constexpr(int(StateKind.CODEBOOK))
 _INT = tl.constexpr(int(StateKind.INT))

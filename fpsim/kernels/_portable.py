@@ -31,7 +31,7 @@ from fpsim.formats import Encoding, RoundMode
 
 from ._codes import Overflow, Random, Source
 
-# The constexpr codes (kernels/_codes.py), as tl.constexpr globals for the compiler.
+# The constexpr codes (fpsim/kernels/_codes.py), as tl.constexpr globals for the compiler.
 _NEAREST_EVEN = tl.constexpr(RoundMode.NEAREST_EVEN.code)
 _NEAREST_AWAY = tl.constexpr(RoundMode.NEAREST_AWAY.code)
 _TOWARD_ZERO = tl.constexpr(RoundMode.TOWARD_ZERO.code)
