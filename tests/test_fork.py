@@ -138,8 +138,8 @@ def test_training(tmp_path, torch_one_thread):
 @pytest.mark.parametrize("asynchronous", [True, False], ids=["asynchronous", "synchronous"])
 def test_capture(tmp_path, asynchronous, torch_one_thread):
     """The parent's capture cannot be written from the child (two processes must never write one
-    trace): step, flush and close raise there, naming both processes, and releasing the child's
-    copy of the lock (as the child's exit does) leaves the parent's lock alone. A new capture in
+    trace): step, flush and close raise there, naming both processes, and a release in the child
+    leaves the parent's lock alone. A new capture in
     the child, on another folder, records; the parent goes on recording into its own trace."""
     from fpsim.trace import TorchCapture
 
@@ -160,7 +160,7 @@ def test_capture(tmp_path, asynchronous, torch_one_thread):
         for use, args in ((cap.step, (1, 2.0)), (cap.flush, ()), (cap.close, ())):
             with pytest.raises(RuntimeError, match=f"opened by process {parent}.* {os.getpid()}"):
                 use(*args)
-        cap.writer._lock.release()  # what the child's exit does to its copy: the parent's lock stays
+        cap.writer._lock.release()  # nothing: the child closed its copy at the fork
         with TorchCapture(model, theirs, asynchronous=asynchronous) as mine:
             mine.step(0, loss=3.0)
             mine.step(1, loss=4.0)
@@ -176,6 +176,32 @@ def test_capture(tmp_path, asynchronous, torch_one_thread):
     tr = open_trace(ours)
     assert tr.steps == [0, 1] and [tr.loss(s) for s in tr.steps] == [1.0, 2.0]
     assert not (ours / ".fpsim_writer.lock").exists()
+
+
+def test_a_crashed_writers_child_does_not_keep_its_lock(tmp_path):
+    """A writer's process that dies without releasing its lock (``os._exit``, as a SIGKILL) while a
+    child it forked lives on: the next writer takes the trace over (the child closed its copy of
+    the lock file at the fork; ``flock`` would otherwise stay held by the child's copy)."""
+    folder, pids = tmp_path / "trace", tmp_path / "grandchild"
+
+    def writer_that_crashes():
+        held = TraceWriter(folder)
+        pid = os.fork()
+        if pid == 0:  # pragma: no cover (the grandchild: outlives its parent, then leaves)
+            time.sleep(TIMEOUT)
+            os._exit(0)
+        pids.write_text(str(pid))
+        assert held.path == folder
+        os._exit(0)  # no finalizer runs: the lock is never released (kept referenced until here)
+
+    assert wait(fork(writer_that_crashes), TIMEOUT) == 0
+    grandchild = int(pids.read_text())
+    try:
+        os.kill(grandchild, 0)  # alive, holding whatever it inherited
+        assert (folder / ".fpsim_writer.lock").exists()  # the crashed writer's (stale) lock file
+        TraceWriter(folder).close()
+    finally:
+        os.kill(grandchild, 9)
 
 
 def test_trace_writers(tmp_path):

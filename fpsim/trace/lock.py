@@ -8,9 +8,12 @@ another (in the same process or another) is refused with a :class:`TraceError` n
 holder's pid. After taking the lock, the writer checks that the lock file it holds is still
 the one at the path (a writer that was releasing it may have just unlinked it), and retries
 otherwise. The lock file is opened with ``O_NOFOLLOW``, so a symlink planted there is refused.
-A child forked while a writer holds the lock inherits the open lock file, and with it the lock
-(``flock`` belongs to the open file): the lock is held until both have closed it or exited, and
-only the process that took it removes the lock file.
+A child forked while a writer holds the lock (a DataLoader worker, multiprocessing's fork start
+method) would inherit the open lock file, and with it the lock (``flock`` belongs to the open
+file, not to the process): a writer that crashed would then stay "alive" for as long as its
+children live, and its trace could not be taken over. So every child closes its copies of the
+lock files right after the fork (an ``os.register_at_fork`` hook, registered with the first
+lock): the lock stays the process's that took it, and only that process removes the lock file.
 """
 
 from __future__ import annotations
@@ -26,6 +29,23 @@ from .errors import TraceError
 __all__ = ["LOCK_FILE", "WriterLock"]
 
 LOCK_FILE = ".fpsim_writer.lock"
+
+_HELD: weakref.WeakSet[WriterLock] = weakref.WeakSet()
+"""The locks this process holds (a forked child closes its copies of them)."""
+
+_HOOKED = False
+
+
+def _close_in_child() -> None:
+    """In a child just forked: close the inherited lock files, which leaves the locks with the
+    parent (the child's writers refuse to write anyway, see ``TraceWriter``)."""
+    for lock in list(_HELD):
+        lock._finalizer.detach()
+        _HELD.discard(lock)
+        try:
+            os.close(lock._fd)
+        except OSError:
+            pass
 
 
 def _release(fd: int, path: str, owner: int) -> None:
@@ -97,10 +117,16 @@ class WriterLock:
             os.pwrite(fd, f"{os.getpid()} {socket.gethostname()}\n".encode(), 0)
             self._fd = fd
             self._finalizer = weakref.finalize(self, _release, fd, str(self.path), os.getpid())
+            global _HOOKED
+            if not _HOOKED and hasattr(os, "register_at_fork"):
+                os.register_at_fork(after_in_child=_close_in_child)
+                _HOOKED = True
+            _HELD.add(self)
             return
         raise TraceError(f"{self.path}: could not take the writer lock (it keeps being replaced)")
 
     def release(self) -> None:
-        """Drop the lock and remove the lock file (idempotent); in a child forked from the
-        process that took it (and at the child's exit), close the child's copy only."""
+        """Drop the lock and remove the lock file (idempotent; nothing in a forked child, whose
+        copy was closed at the fork)."""
+        _HELD.discard(self)
         self._finalizer()
