@@ -62,7 +62,8 @@ naming the file.
 Writing: :class:`TraceWriter` holds the folder's writer lock (``flock`` on
 ``.fpsim_writer.lock``, which names the holder's pid; :mod:`fpsim.trace.lock`): a second
 writer, in the same process or another, is refused naming that pid, and the lock of a
-writer that died is taken over (even while children it forked live on: they close their copy). Each step is written to a fresh temporary file
+writer that died is taken over (even while children it forked live on: they close their copy).
+Each step is written to a fresh temporary file
 (``mkstemp``, never following a planted symlink), fsynced and renamed into place, then its
 log line is appended in one ``write`` and fsynced. A crash at any point (``SIGKILL``
 included) leaves exactly the completed steps readable (those whose ``write_step`` returned,

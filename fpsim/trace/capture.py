@@ -90,12 +90,14 @@ class TorchCapture:
     Each recorded step also gets the optimizer's update count (``update``: the number of the
     update this step's gradients feed, the ``t`` of Adam's bias correction, which the replay
     uses): the ``step`` of the optimizer's state where it keeps one (Adam, AdamW), else the
-    updates counted by a step hook since the capture began, from an optimizer without state.
+    updates counted by a step hook since the capture began (on from ``updates_done``), from an
+    optimizer without state.
     Called after ``optimizer.step()`` (the gradients it just used still in place, as a step
     hook sees) the update is the one just done; before, the next one. A step skipped by a loss
     scaler does not advance the count, as in torch. No count is recorded without ``optimizer``,
-    or for an optimizer that keeps no count but already has state (e.g. SGD resumed from a
-    checkpoint: a warning says so); the replay then takes ``first_update=``.
+    or for an optimizer that keeps no count but already has state (e.g. SGD with momentum
+    resumed from a checkpoint: a warning says so) unless ``updates_done`` says where it
+    stands; the replay then takes ``first_update=``.
 
     Tensors keep their dtype and bits (bfloat16/float8 via ml_dtypes). :meth:`step` copies
     them, so the trace holds their values at the time of the call; with ``asynchronous=True``
@@ -159,6 +161,11 @@ class TorchCapture:
         resume_from: the step the run resumes from (its checkpoint's): the trace's steps
             ``>= resume_from`` are dropped, and steps before it are refused. None (default):
             the trace keeps every step, and a step not after them is refused, naming them.
+        updates_done: for an optimizer that keeps no update count (SGD): the optimizer
+            updates done before this capture began, e.g. a resumed run's from its checkpoint
+            (the Trainer's ``global_step``); the step hook counts on from it. Refused for an
+            optimizer that keeps its own count (Adam's ``step`` state). None: 0 for an
+            optimizer without state, else no count.
     """
 
     def __init__(
@@ -181,6 +188,7 @@ class TorchCapture:
         max_pending: int = 2,
         first_step: int | None = None,
         resume_from: int | None = None,
+        updates_done: int | None = None,
     ):
         import torch
 
@@ -228,13 +236,16 @@ class TorchCapture:
         self._with_states = 0  # recorded steps that hold optimizer state
         self._last_step: int | None = None
         self._next = first_step
-        self._hooked_updates = 0
+        self._hooked_updates = _check_updates_done(updates_done, optimizer)
+        self._updates_done = updates_done
         self._consumed: tuple[Any, int] | None = None  # the gradient the last update used
-        self._countable = optimizer is not None and (_state_count(optimizer) > 0 or not optimizer.state)
+        self._countable = optimizer is not None and (
+            _state_count(optimizer) > 0 or not optimizer.state or updates_done is not None
+        )
         if optimizer is not None and not self._countable:
             warnings.warn(
                 f"{type(optimizer).__name__} keeps no update count and already has state: the capture "
-                "records no update counts (replay with first_update=)",
+                "records no update counts (pass updates_done=, or replay with first_update=)",
                 stacklevel=2,
             )
         self.writer = TraceWriter(path, metadata=meta, resume_from=resume_from)
@@ -402,8 +413,9 @@ class TorchCapture:
                 f"{last} at step {last_step}, but {type(self.optimizer).__name__} keeps no update count "
                 f"(none yet: a fresh optimizer has no state), so this capture counts the updates it saw: "
                 f"{update}. A run restarted with a fresh optimizer: restore the optimizer's state from the "
-                f"checkpoint the run resumed from and pass resume_from=<its step>; an optimizer that never "
-                f"keeps a count (SGD) cannot continue a trace's counts: record into a new trace folder"
+                f"checkpoint the run resumed from and pass resume_from=<its step>; for an optimizer that "
+                f"keeps no count (SGD), also pass updates_done=<the updates done before it> (e.g. the "
+                f"checkpoint's global step), or record into a new trace folder"
             )
         check_update(update, self._last_update, self.path, step)
 
@@ -446,6 +458,8 @@ class TorchCapture:
         done = self._consumed_already()  # called after optimizer.step()
         counted = _state_count(self.optimizer)
         if counted:  # the optimizer's own count (Adam, AdamW): exact, also mid-run
+            if self._updates_done is not None:
+                raise _keeps_own_count(self._updates_done, self.optimizer, counted)
             return counted if done else counted + 1
         if not self._countable:
             return None
@@ -493,6 +507,27 @@ class TorchCapture:
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
         self.close()
+
+
+def _check_updates_done(updates_done: Any, optimizer: Any) -> int:
+    """``updates_done`` as the step hook's starting count (0 for None); refused where it is not an
+    int >= 0, without ``optimizer``, or for an optimizer that keeps its own count."""
+    if updates_done is None:
+        return 0
+    if isinstance(updates_done, bool) or not isinstance(updates_done, int) or updates_done < 0:
+        raise ValueError(f"updates_done must be an int >= 0 (optimizer updates done), got {updates_done!r}")
+    if optimizer is None:
+        raise ValueError("updates_done= needs optimizer= (it is where the optimizer's update count stands)")
+    if _state_count(optimizer) > 0:
+        raise _keeps_own_count(updates_done, optimizer, _state_count(optimizer))
+    return updates_done
+
+
+def _keeps_own_count(updates_done: int, optimizer: Any, counted: int) -> ValueError:
+    return ValueError(
+        f"updates_done={updates_done}: {type(optimizer).__name__} keeps its own update count ({counted} in "
+        "its state), which the capture records; updates_done is for optimizers without one (SGD)"
+    )
 
 
 def _state_count(optimizer: Any) -> int:

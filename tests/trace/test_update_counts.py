@@ -122,3 +122,54 @@ def test_torch_capture_with_grad_scaler_records_unscaled_grads_and_skips(tmp_pat
     assert [tr.skipped(s) for s in tr.steps] == [False, True, True, False, False]
     g = tr.read(tr.entry(0, "bias", "grad"))
     np.testing.assert_array_equal(g, np.ones(2, np.float32))  # d(sum)/d(bias), unscaled
+
+
+@pytest.mark.parametrize("momentum", [0.0, 0.9])
+def test_sgd_resumed_with_updates_done_continues_the_counts(tmp_path, momentum):
+    """SGD keeps no update count: a run resumed from a checkpoint at step 3 (plain SGD: no state;
+    with momentum: its restored buffers) counts on from ``updates_done=3`` instead of being refused
+    (plain) or recording no counts (momentum); a count that would decrease is still refused."""
+    from fpsim.trace import TorchCapture
+
+    model = torch.nn.Linear(3, 2)
+
+    def run(opt, steps, **kw):
+        with TorchCapture(model, tmp_path / "t", optimizer=opt, **kw) as cap:
+            for step in steps:
+                opt.zero_grad()
+                model(torch.ones(1, 3)).sum().backward()
+                cap.step(step)
+                opt.step()
+
+    first = torch.optim.SGD(model.parameters(), lr=0.1, momentum=momentum)
+    run(first, range(5))
+    resumed = torch.optim.SGD(model.parameters(), lr=0.1, momentum=momentum)
+    resumed.load_state_dict(first.state_dict())  # (the checkpoint of step 3, as far as the state goes)
+    run(resumed, range(3, 6), resume_from=3, updates_done=3)
+    tr = open_trace(tmp_path / "t")
+    assert [tr.update(s) for s in tr.steps] == [1, 2, 3, 4, 5, 6]
+    with pytest.raises(ValueError, match=r"update 6 at step 5, .* this capture counts the updates it saw: 2"):
+        run(torch.optim.SGD(model.parameters(), lr=0.1), [6], updates_done=1)
+
+
+def test_updates_done_is_refused_where_it_does_not_apply(tmp_path):
+    from fpsim.trace import TorchCapture
+
+    model = torch.nn.Linear(3, 2)
+    for bad in (-1, 1.5, True):
+        with pytest.raises(ValueError, match="updates_done must be an int >= 0"):
+            TorchCapture(
+                model, tmp_path / "a", optimizer=torch.optim.SGD(model.parameters(), lr=0.1), updates_done=bad
+            )
+    with pytest.raises(ValueError, match="updates_done= needs optimizer="):
+        TorchCapture(model, tmp_path / "b", updates_done=3)
+    adam = torch.optim.Adam(model.parameters(), lr=0.1)
+    model(torch.ones(1, 3)).sum().backward()
+    adam.step()
+    with pytest.raises(ValueError, match=r"Adam keeps its own update count \(1 in its state\)"):
+        TorchCapture(model, tmp_path / "c", optimizer=adam, updates_done=3)
+    fresh = torch.optim.Adam(model.parameters(), lr=0.1)  # (no state yet: refused at its first count)
+    with TorchCapture(model, tmp_path / "d", optimizer=fresh, updates_done=3) as cap:
+        fresh.step()
+        with pytest.raises(ValueError, match=r"updates_done=3: Adam keeps its own update count"):
+            cap.step(0)
