@@ -15,10 +15,9 @@ Exact sums: a sum is kept as integer bins, bin ``k`` counting units of ``2**(k +
 a float64 significand (53 bits) times a power of two: ``|v|`` itself, or the square of ``v`` rounded
 to 53 bits without overflow or underflow (``frexp(v) = (f, e)``, the term ``(f * f) * 2**(2 e)``:
 the float64 product wherever that is finite and normal). Bins are carried into 32-bit digits every
-:data:`TILE` elements, so none overflows. The Python side
-(:func:`fpsim.analysis.partials.exact_from_bins`) adds the bins into one integer, so a sum does not
-depend on order, tiling, threads or processes, and equals the numpy tier's
-(:func:`fpsim.analysis.partials.exact_sum`).
+:data:`TILE` elements, so none overflows. :func:`fpsim.analysis.partials.exact_from_bins` adds the
+bins into one integer, so a sum does not depend on order, tiling, threads or processes, and equals
+the numpy tier's (:func:`fpsim.analysis.partials.exact_sum`).
 
 Like :mod:`.loops`, every loop this module runs is defined in this file (numba checks a cached
 function against its own file only), compiled without fast-math and cached on disk; the loops are
@@ -34,6 +33,7 @@ from llvmlite import ir
 from numba import types
 
 from ..formats import Encoding, RoundMode
+from ..formats.codes import DecodeKind, FactorKind
 from .kinds import KMIN, NBINS
 from .loops import bitcast, bits32, float32_of, jit
 
@@ -41,7 +41,8 @@ NEAREST_EVEN, NEAREST_AWAY, ODD = RoundMode.NEAREST_EVEN.code, RoundMode.NEAREST
 TOWARD_ZERO, STOCHASTIC = RoundMode.TOWARD_ZERO.code, RoundMode.STOCHASTIC.code
 TOWARD_POSITIVE, TOWARD_NEGATIVE = RoundMode.TOWARD_POSITIVE.code, RoundMode.TOWARD_NEGATIVE.code
 IEEE, FN, FNUZ, FINITE = Encoding.IEEE.code, Encoding.FN.code, Encoding.FNUZ.code, Encoding.FINITE.code
-
+F_PRODUCT, F_QUOTIENT = int(FactorKind.PRODUCT), int(FactorKind.QUOTIENT)
+D_POW2, D_TENSOR = int(DecodeKind.POW2), int(DecodeKind.TENSOR)
 TILE = 1000
 """Elements between carries: 1000 terms of 53 bits on a 32-bit digit stay below 2**63."""
 
@@ -565,12 +566,11 @@ def block_amax(x, layout, ignore_nan, out):
 
 @jit
 def block_tally(x, xs, layout, f32, f64, dscale, tscale, p, mode, mix, offset, table, counts, bins, maxes):
-    # a chunk under a block recipe (layout: block_ids' and kind, dkind) tallied against x
-    # (float32 or float64) as fpsim.emulate.blocks encodes and decodes xs (x as float32):
-    # inputs (apply_factor) kind (formats.codes.FactorKind) 0: xs * f32[b], 1: xs / f32[b], 2:
-    # float64 xs * f64[b] (NaN where f64[b] is); elements in p (saturating), words random_word(mix,
-    # offset + i); values (blocks._decode_rows) with the scales dscale[b], dkind (DecodeKind) 0:
-    # float64 product (POW2), 1: (v * s) * tscale (TENSOR), 2: v * s (PRODUCT)
+    # a chunk under a block recipe (layout: block_ids' and kind, dkind) tallied against x (float32
+    # or float64) as fpsim.emulate.blocks encodes and decodes xs (x as float32): inputs (apply_factor)
+    # by kind (FactorKind): PRODUCT xs * f32[b], QUOTIENT xs / f32[b], POW2 float64 xs * f64[b] (NaN
+    # where f64[b] is); elements in p (saturating), words random_word(mix, offset + i); values with
+    # scales dscale[b] by dkind (DecodeKind): POW2 float64 product, TENSOR (v*s) * tscale, PRODUCT v*s
     kind, dkind, n, nowords = layout[4], layout[5], x.size, np.zeros(0, np.uint32)
     codes, q = np.empty(TILE, np.uint64), np.empty(TILE, np.float32)
     at_max, sub, v = np.empty(TILE, np.bool_), np.empty(TILE, np.bool_), np.empty(TILE, np.float64)
@@ -580,9 +580,9 @@ def block_tally(x, xs, layout, f32, f64, dscale, tscale, p, mode, mix, offset, t
         block_ids(bi[:k], layout, state)
         for i in range(k):
             xi, j = xs[lo + i], bi[i]
-            if kind == 0:
+            if kind == F_PRODUCT:
                 v[i] = np.float64(xi * f32[j])
-            elif kind == 1:
+            elif kind == F_QUOTIENT:
                 v[i] = np.float64(xi / f32[j])
             else:
                 fj = f64[j]
@@ -591,9 +591,9 @@ def block_tally(x, xs, layout, f32, f64, dscale, tscale, p, mode, mix, offset, t
         values_tile(codes[:k], p, table, q[:k], at_max[:k], sub[:k])
         for i in range(k):
             s = dscale[bi[i]]
-            if dkind == 0:
+            if dkind == D_POW2:
                 q[i] = np.float32(np.float64(q[i]) * np.float64(s))
-            elif dkind == 1:
+            elif dkind == D_TENSOR:
                 q[i] = (q[i] * s) * tscale
             else:
                 q[i] = q[i] * s
