@@ -30,6 +30,7 @@ __all__ = [
     "nearest_thresholds",
     "nearest_buckets",
     "threshold_buckets",
+    "codebook_lut",
 ]
 
 _F32 = np.float32
@@ -150,7 +151,7 @@ def codebook_codes(xb, amax, book: Codebook, mode: RoundMode, rand, nbits: int):
             a = ((v + _F32(1)) * _F32(0.5)).astype(np.float64)
             k = (a * (book.lut_bins - 1) + 0.5).astype(_F32)  # one rounding, as the fused FMA
             k = np.where(np.isnan(k), 0, np.trunc(k)).astype(np.int64) & 0xFFFF
-            q = _bnb_lut(book)[k]
+            q = codebook_lut(book)[k]
             q = np.where(amax == 0, 0, q).astype(np.uint8)
         else:  # bitsandbytes' CUDA kernel (kQuantizeBlockwise, dQuantize): see Codebook
             v = xb * inv
@@ -249,8 +250,9 @@ def threshold_buckets(t: np.ndarray, entries: int) -> tuple[np.ndarray, np.ndarr
 _LUTS: dict[tuple, np.ndarray] = {}
 
 
-def _bnb_lut(book: Codebook) -> np.ndarray:
-    """Index of the nearest entry for each of the bins' grid points (bitsandbytes CPU)."""
+def codebook_lut(book: Codebook) -> np.ndarray:
+    """Index of the nearest entry for each of ``book.lut_bins`` grid points on [-1, 1]: the table of
+    bitsandbytes' CPU quantizer (the numpy tier and the fused optimizer step share it, cached)."""
     key = book.values
     if key not in _LUTS:
         c = book.table

@@ -39,7 +39,7 @@ from .. import _compiled
 from .._compiled import Backend
 from ..emulate import element as emulate
 from ..emulate.blocks import BlockCodes, block_geometry, compiled_codebook, nearest_buckets
-from ..emulate.scale_rules import _bnb_lut
+from ..emulate.scale_rules import codebook_lut
 from ..formats import RECIPES, BlockFormat, Codebook, RoundMode, ScaleRule, get_format
 from ..formats.codes import StateKind
 from . import optim
@@ -101,7 +101,7 @@ def _state(bf: Any, shape: tuple) -> _State | None:
             return None
         if el.lut_bins:  # bitsandbytes' CPU kernel: the lookup table in place of the buckets
             return _State(
-                StateKind.CODEBOOK_LUT, block, _values(el), _bnb_lut(el), _DUMMY[1], _F32(0), _F32(1)
+                StateKind.CODEBOOK_LUT, block, _values(el), codebook_lut(el), _DUMMY[1], _F32(0), _F32(1)
             )
         return _State(StateKind.CODEBOOK, block, _values(el), *nearest_buckets(el.table), _F32(0), _F32(1))
     kind = _scaled_kind(bf, per_tensor)
