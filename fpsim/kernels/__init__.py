@@ -21,6 +21,8 @@ Modules:
     philox: numpy Philox4x32-10, the words of ``tl.randint`` for the emulator.
     optim: the fused Adam / AdamW step with 8-bit or FP8 block states, bit-identical to one
         tensor-step of :func:`fpsim.replay.replay` (numpy twin ``adamw_step_reference``).
+    arguments: the host side's kernel arguments shared by ``cast``, ``blocks`` and ``optim``
+        (a format's runtime and constexpr parameters, stochastic-rounding words, the grid).
     validate: the bit-exact validation harness (a package): ``validate``, ``validate_all``
         and the ``fpsim validate-kernels`` command (``main``, ``add_parser``).
 

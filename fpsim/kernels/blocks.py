@@ -36,7 +36,7 @@ from fpsim.formats import FORMATS, BlockFormat, Codebook, Format, IntFormat, Rou
 from ._codes import Random, rule_code
 from ._loader import is_interpreted, kernel_module, require_torch
 from ._loader import launch as _launch_kernel
-from .cast import _decode_args, _encode_args, _i32, _stochastic_source
+from .arguments import decode_args, encode_args, i32, stochastic_source
 
 __all__ = ["BlockCodesT", "encode_blocks"]
 
@@ -136,7 +136,7 @@ def encode_blocks(
     if mode is RoundMode.STOCHASTIC:
         if not 1 <= stochastic_bits <= 32:
             raise ValueError(f"stochastic_bits must be in [1, 32], got {stochastic_bits}")
-        rand, rand_kind, _ = _stochastic_source(torch, x, xv, random_bits, None)
+        rand, rand_kind, _ = stochastic_source(torch, x, xv, random_bits, None)
     else:
         stochastic_bits = 32
     mod = kernel_module("_blocks_portable", interp)
@@ -250,17 +250,17 @@ def _kernel_args(bf: BlockFormat, mode: RoundMode, nbits: int) -> tuple[dict, di
     names = ["nbits", "rmask", "m", "emin", "code_max", "inf_lim", "ftz_lim", "mant_one", "code_inf"]
     names += ["code_nan", "sign_shift", "fb", "ibits", "imask", "max_int", "lo", "clamp"]
     if isinstance(el, Codebook):
-        ert, ece = _encode_args(IntFormat("int8_symmetric", 8, symmetric=True), mode, True, False, nbits)
+        ert, ece = encode_args(IntFormat("int8_symmetric", 8, symmetric=True), mode, True, False, nbits)
         ert["max_int"] = len(el.values) - 1
     else:
         ftz = not getattr(el, "subnormals", True)
-        ert, ece = _encode_args(el, mode, True, ftz, nbits)
+        ert, ece = encode_args(el, mode, True, ftz, nbits)
     rt = {k: ert[k] for k in names}
     e4m3 = FORMATS["float8_e4m3fn"]
-    sr, _ = _encode_args(e4m3, RoundMode.NEAREST_EVEN, True, False, 32)
+    sr, _ = encode_args(e4m3, RoundMode.NEAREST_EVEN, True, False, 32)
     for k in ["m", "emin", "code_max", "mant_one", "code_nan", "sign_shift"]:
         rt["s_" + k] = sr[k]
-    dr, _ = _decode_args(e4m3)
+    dr, _ = decode_args(e4m3)
     rt.update({k: dr[k] for k in dr if k not in ("d_fb", "d_ibits", "d_imask")})
     emax = math.frexp(bf.elem_max)[1] - 1
     m = el.mantissa_bits if isinstance(el, Format) else (el.bits - 2 if isinstance(el, IntFormat) else 0)
@@ -269,7 +269,7 @@ def _kernel_args(bf: BlockFormat, mode: RoundMode, nbits: int) -> tuple[dict, di
         eps_bits=_bits32(bf.eps),  # codebooks: unused (no clamp of the absmax)
         inv_max_bits=_bits32(1 / bf.elem_max),
         emax=emax,
-        even_inc=_i32(1 << (22 - m)),
+        even_inc=i32(1 << (22 - m)),
     )
     ce = {k: ece[k] for k in ("IS_INT", "MODE", "ENC", "SIGNED", "HAS_ZERO", "OVF")}
     ce["RULE"] = int(rule_code(bf))

@@ -25,7 +25,8 @@ from fpsim.formats import Format, RoundMode
 
 from ._loader import is_interpreted, kernel_module, require_torch
 from ._loader import launch as _launch_kernel
-from .cast import Launch, _launch, element_format
+from .arguments import Launch, launch_grid
+from .cast import element_format
 
 __all__ = ["encode", "quantize", "HW_FORMATS", "unavailable_reason", "HardwareCastUnavailable"]
 
@@ -117,7 +118,7 @@ def encode(
         return out
     interp = is_interpreted(x.device)
     kernel = kernel_module("_hw", interp).hw_encode_kernel
-    block, grid, extra = _launch(n, x.device, launch)
+    block, grid, extra = launch_grid(n, x.device, launch)
     consts = dict(hw_consts(f, saturate, subnormals), BLOCK=block, I64=n + block >= 2**31)
     with warnings.catch_warnings():
         # the interpreter's numpy float16 cast warns on overflow (to inf, as it should)

@@ -92,7 +92,7 @@ from fpsim.replay.optim import Adam, AdamW, Sqrt
 from ._codes import Decay, Overflow, Random, Source, StateKind, state_kind
 from ._loader import is_interpreted, kernel_module, require_torch
 from ._loader import launch as _launch_kernel
-from .cast import _encode_args, _i32, _stochastic_source
+from .arguments import encode_args, i32, stochastic_source
 
 __all__ = [
     "AdamStep",
@@ -362,7 +362,7 @@ def _state_consts(bf: BlockFormat | None) -> tuple[StateKind, int, dict[str, int
         return state_kind(bf), Encoding.IEEE.code, rt, table, mids
     table[: 1 << el.bits] = decode(np.arange(1 << el.bits, dtype=np.uint8), el)
     ftz = not getattr(el, "subnormals", True)
-    ert, ece = _encode_args(el, RoundMode.NEAREST_EVEN, True, ftz, 32)
+    ert, ece = encode_args(el, RoundMode.NEAREST_EVEN, True, ftz, 32)
     rt.update({k: ert[k] for k in _STATE_KEYS})
     rt.update(eps_bits=_bits32(bf.eps), elem_max_bits=_bits32(bf.elem_max))
     return state_kind(bf), ece["ENC"], rt, table, mids
@@ -514,7 +514,7 @@ def adamw_step(
 
     rand, rand_kind, seed_arg = pv, Random.NONE, 0
     if mode is RoundMode.STOCHASTIC:
-        rand, rand_kind, seed_arg = _stochastic_source(torch, p, pv, random_bits, seed)
+        rand, rand_kind, seed_arg = stochastic_source(torch, p, pv, random_bits, seed)
     elif random_bits is not None or seed is not None:
         raise ValueError("random_bits / seed are for rounding='stochastic' only")
 
@@ -534,7 +534,7 @@ def adamw_step(
     m_tab, m_mid = _state_tables(mrec, str(dev))
     v_tab, v_mid = _state_tables(vrec, str(dev))
     decay_kind, hyper = _hyper(opt, lr, t)
-    pe, pce = _encode_args(mfmt, mode, False, False, 32)
+    pe, pce = encode_args(mfmt, mode, False, False, 32)
     bp = 1 << max(0, (bsize - 1).bit_length())
     k = max(1, (_TILE_CPU if interp else _TILE_GPU) // bp)
     k = min(k, 1 << max(0, (nb - 1).bit_length()))
@@ -543,7 +543,7 @@ def adamw_step(
     extra = {} if interp else {"num_warps": 4 if bp * k <= 2048 else 8, "enable_fp_fusion": False}
     args = [pv, gv, mc, dummy if ms is None else ms, vc, dummy if vs is None else vs]
     args += [p_out, mc_out, dummy if ms_out is None else ms_out, vc_out, dummy if vs_out is None else vs_out]
-    args += [rand, m_tab, m_mid, v_tab, v_mid, n, nb, _i32(seed_arg), _i32(seed_arg >> 32)]
+    args += [rand, m_tab, m_mid, v_tab, v_mid, n, nb, i32(seed_arg), i32(seed_arg >> 32)]
     kwargs: dict[str, Any] = dict(hyper)
     kwargs.update(
         p_m=pe["m"],

@@ -18,7 +18,8 @@ try:
 except ImportError:  # pragma: no cover - older triton
     pytest.skip("this triton has no ASTSource/GPUTarget", allow_module_level=True)
 
-from fpsim.kernels import cast, hwcast  # noqa: E402
+from fpsim.formats import RoundMode  # noqa: E402
+from fpsim.kernels import arguments, hwcast  # noqa: E402
 from fpsim.kernels._loader import kernel_module  # noqa: E402
 
 TARGET = GPUTarget("cuda", 90, 32)
@@ -58,8 +59,8 @@ ENCODE = [
 def test_encode_kernel_compiles_for_sm90(fmt, mode, src, rand, quant):
     f = get_format(fmt)
     mod = kernel_module("_portable", interpret=False)
-    ert, ece = cast._encode_args(f, cast.RoundMode.parse(mode), False, True, 32)
-    drt, dce = cast._decode_args(f if quant else None)
+    ert, ece = arguments.encode_args(f, RoundMode.parse(mode), False, True, 32)
+    drt, dce = arguments.decode_args(f if quant else None)
     xt = "*i32" if src == 0 else "*i16"
     types = {
         "x_ptr": xt,
@@ -76,7 +77,7 @@ def test_encode_kernel_compiles_for_sm90(fmt, mode, src, rand, quant):
 @pytest.mark.parametrize("fmt", ["float16", "float8_e8m0fnu", "float32", "int4", "uint8"])
 def test_decode_kernel_compiles_for_sm90(fmt):
     f = get_format(fmt)
-    drt, dce = cast._decode_args(f)
+    drt, dce = arguments.decode_args(f)
     k = _compile(
         kernel_module("_portable", interpret=False).decode_kernel,
         {"c_ptr": _PTR[f.code_dtype], "out_ptr": "*i32"},

@@ -13,7 +13,7 @@ from fpsim.formats import codes as shared
 from fpsim.replay.optim import Adam, AdamW
 
 pytest.importorskip("triton")
-from fpsim.kernels import _codes, cast, optim  # noqa: E402  (after the skip)
+from fpsim.kernels import _codes, arguments, optim  # noqa: E402  (after the skip)
 from fpsim.kernels._loader import kernel_module  # noqa: E402
 
 # the enums whose constants each kernel file compares with (a kernel file may name a constant of
@@ -61,7 +61,7 @@ def test_the_kernels_use_the_shared_enums():
 @pytest.mark.parametrize("mode", list(RoundMode), ids=lambda m: m.value)
 def test_the_cast_host_passes_the_shared_codes(mode):
     for fmt in (f for f in FORMATS.values() if isinstance(f, Format)):
-        _, ce = cast._encode_args(fmt, mode, False, False, 32)
+        _, ce = arguments.encode_args(fmt, mode, False, False, 32)
         assert ce["MODE"] == mode.code and ce["ENC"] == fmt.encoding.code, fmt.name
 
 
