@@ -66,7 +66,7 @@ def _tiny():
 
     def build() -> torch.nn.Module:
         torch.manual_seed(0)
-        return sample._build_model()
+        return sample.build_model()
 
     tokens, labels = sample.make_data(0)
     return build, torch.from_numpy(tokens[: sample.BATCH]), torch.from_numpy(labels[: sample.BATCH])

@@ -107,6 +107,41 @@ def test_imports_point_down_the_data_flow():
     assert not upward, upward
 
 
+def _private_names_imported(name: str, path: Path) -> list[str]:
+    """``module.name`` for each underscored name ``name`` imports from another fpsim module (a
+    private module imported as a module, ``from .. import _compiled``, is the package's own)."""
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    out = []
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if not isinstance(node, ast.ImportFrom):
+            continue
+        if node.level:
+            base = package.split(".")[: len(package.split(".")) - (node.level - 1)]
+            target = ".".join([*base, *([node.module] if node.module else [])])
+        else:
+            target = node.module or ""
+        if target.split(".")[0] != "fpsim":
+            continue
+        for a in node.names:
+            private = a.name.startswith("_") and not a.name.startswith("__")
+            if private and f"{target}.{a.name}" not in MODULES:
+                out.append(f"{target}.{a.name}")
+    return out
+
+
+def test_no_private_name_is_imported_across_modules():
+    """A helper two modules share is public in one of them (a shared module), not an underscored
+    name reached into from outside."""
+    found = {name: _private_names_imported(name, path) for name, path in MODULES.items()}
+    assert {k: v for k, v in found.items() if v} == {}
+
+
+def test_a_private_import_is_found(tmp_path):
+    path = tmp_path / "m.py"
+    path.write_text("from .cast import _encode_args, Launch\nfrom .. import _compiled\n")
+    assert _private_names_imported("fpsim.kernels.blocks", path) == ["fpsim.kernels.cast._encode_args"]
+
+
 def test_the_emulator_never_imports_a_kernel():
     users = sorted(a for a, t in GRAPH.items() if any(_stage(b) == "fpsim.kernels" for b in t))
     # fpsim.train's CUDA path runs the Triton optimizer kernel (fpsim.train.cuda)

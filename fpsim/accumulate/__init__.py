@@ -80,7 +80,7 @@ rounding core and the schedule in :mod:`fpsim.accumulate._accumulator`, the roun
 operands in :mod:`fpsim.accumulate._operands`, the exact references in
 :mod:`fpsim.accumulate.exact`, and the error-vs-K sweeps of ``fpsim accumulate`` in
 :mod:`fpsim.accumulate.sweeps`. Exactness of one rounded addition (see
-``_Rounder.add``): for float64 operands ``u, v`` the float64 sum ``s = u + v`` and its error
+``Rounder.add``): for float64 operands ``u, v`` the float64 sum ``s = u + v`` and its error
 ``e`` (Knuth's TwoSum) satisfy ``u + v = s + e`` exactly. ``s`` is then replaced by the
 round-to-odd value ``RO53(u + v)``: ``s`` itself when ``e = 0`` or ``s`` is odd, else the odd
 neighbour of ``s`` on ``e``'s side. Rounding ``RO53(x)`` to ``p <= 51`` bits gives ``R(x)``

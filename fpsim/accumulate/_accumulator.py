@@ -1,7 +1,7 @@
 """The rounding core and the schedule of :mod:`fpsim.accumulate` (definitions: its docstring).
 
-:class:`_Rounder` rounds float64 sums once, exactly, into an accumulator format;
-:func:`_reduce_tile` runs the order of additions (sequential, pairwise, blocked tree;
+:class:`Rounder` rounds float64 sums once, exactly, into an accumulator format;
+:func:`reduce_tile` runs the order of additions (sequential, pairwise, blocked tree;
 Kahan / Neumaier compensation; promotion every N) over a tile of output elements;
 :func:`rounding_count` numbers the roundings for stochastic rounding's random words.
 """
@@ -26,7 +26,7 @@ _py_sum = sum
 # --- rounding ---------------------------------------------------------------------------
 
 
-class _Rounder:
+class Rounder:
     """Rounds float64 arrays into one format and rounding mode (IEEE 754-2019 sections 4.3 and
     7.4; stochastic and odd as :class:`~fpsim.RoundMode`), with work arrays for ``n`` elements.
 
@@ -99,7 +99,7 @@ class _Rounder:
             codes = emulate.encode(
                 s[slow], self.fmt, rounding=self.mode, random_bits=r, stochastic_bits=self.nbits
             )
-            slow_vals = _decode64(codes, self.fmt)
+            slow_vals = decode64(codes, self.fmt)
         mode, d = self.mode, self.d
         if mode is RoundMode.NEAREST_EVEN:
             t = np.right_shift(b, d, out=self.t if own else None)
@@ -131,7 +131,7 @@ class _Rounder:
         return s
 
 
-def _decode64(codes: np.ndarray, fmt: Format) -> np.ndarray:
+def decode64(codes: np.ndarray, fmt: Format) -> np.ndarray:
     """float64 values of codes of any float format (also 17 to 31 bits, which decode refuses)."""
     if fmt.bits <= 16 or fmt.bits == 32:
         return emulate.decode(codes, fmt).astype(np.float64)
@@ -214,7 +214,7 @@ def _count(k: int, width: int | None, comp: Compensation, chunk: int | None, pro
     return total
 
 
-class _Stream:
+class Stream:
     """Random words of one output tile: rounding ``j`` draws ``rand(j)``; counts every rounding."""
 
     def __init__(self, source: Callable[[int], np.ndarray] | None):
@@ -235,17 +235,17 @@ class _Group:
         self.count = 0
 
 
-def _reduce_tile(
+def reduce_tile(
     spec: AccumulatorSpec,
     k: int,
     addend: Callable[[int], np.ndarray],
-    stream: _Stream,
+    stream: Stream,
     scale: Callable[[int], np.ndarray] | None = None,
     lost: list | None = None,
 ) -> np.ndarray:
     """The whole schedule for one tile of outputs: chunks, trees, promotion (module doc)."""
     n = len(addend(0))
-    acc = _Rounder(spec.accumulator, spec.rounding, spec.stochastic_bits, n)
+    acc = Rounder(spec.accumulator, spec.rounding, spec.stochastic_bits, n)
     chunk = spec.promote_every or k
     total = None
     for c0 in range(0, k, chunk):
@@ -257,14 +257,14 @@ def _reduce_tile(
         if not spec.promoted:
             return part
         if total is None:
-            prom = _Rounder(spec.promote_to, spec.promote_rounding, spec.stochastic_bits, n)
+            prom = Rounder(spec.promote_to, spec.promote_rounding, spec.stochastic_bits, n)
         x = part if scale is None else part * scale(c0)  # exact: two values of <= 24 bits
         rand = stream.next(spec.promote_rounding)
         total = prom.exact(x, rand=rand) if total is None else prom.add(total, x, rand=rand)
     return total
 
 
-def _sequential(acc: _Rounder, n: int, c0: int, addend, stream: _Stream, lost: list | None) -> np.ndarray:
+def _sequential(acc: Rounder, n: int, c0: int, addend, stream: Stream, lost: list | None) -> np.ndarray:
     """The plain left-to-right sum (the tree with one group), with double-buffered arrays."""
     s = acc.exact(addend(c0), rand=stream.next(acc.mode))
     spare = np.empty_like(s)
@@ -283,7 +283,7 @@ def _count_lost(lost: list, new: np.ndarray, old: np.ndarray, t: np.ndarray) -> 
     lost[1] += nz
 
 
-def _tree(spec: AccumulatorSpec, acc: _Rounder, n: int, c0: int, addend, stream: _Stream, lost) -> np.ndarray:
+def _tree(spec: AccumulatorSpec, acc: Rounder, n: int, c0: int, addend, stream: Stream, lost) -> np.ndarray:
     """Evaluate the tree over addends ``c0 .. c0 + n`` depth first (streaming, one group per level)."""
     groups = _group_sizes(n, spec.width)
     state = [_Group() for _ in groups]
@@ -306,7 +306,7 @@ def _tree(spec: AccumulatorSpec, acc: _Rounder, n: int, c0: int, addend, stream:
     raise AssertionError("unreachable: the last addend completes the root group")
 
 
-def _push(comp: Compensation, acc: _Rounder, g: _Group, x: np.ndarray, stream: _Stream, lost) -> None:
+def _push(comp: Compensation, acc: Rounder, g: _Group, x: np.ndarray, stream: Stream, lost) -> None:
     """Bring ``x`` into group ``g``'s running (compensated) sum (module doc)."""
 
     def r(u, v):
@@ -341,7 +341,7 @@ def _push(comp: Compensation, acc: _Rounder, g: _Group, x: np.ndarray, stream: _
 # --- inputs -----------------------------------------------------------------------------
 
 
-def _as_f32(x: Any, name: str) -> np.ndarray:
+def as_f32(x: Any, name: str) -> np.ndarray:
     """``x`` (numpy, ml_dtypes, JAX, torch on the CPU) as float32: exact for every input dtype of
     at most 16 bits (:func:`fpsim.emulate.element.as_float_array`); ``name`` is the argument."""
     x = np.asarray(x)

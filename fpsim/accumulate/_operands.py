@@ -11,7 +11,7 @@ from ..emulate import element as emulate
 from ..emulate.blocks import block_geometry, decode_blocks, encode_blocks
 from ..emulate.random import random_bits_at
 from ..formats import AnyFormat, BlockFormat, Codebook, IntFormat, RoundMode
-from ._accumulator import _as_f32, _decode64, _Rounder
+from ._accumulator import Rounder, as_f32, decode64
 from .spec import Rounding
 
 
@@ -28,10 +28,10 @@ def round_to(x: np.ndarray, fmt: AnyFormat, mode: RoundMode, rand, nbits: int = 
     x64 = np.array(x, np.float64, copy=True).reshape(-1)
     r = None if rand is None else np.asarray(rand).reshape(-1)
     if fmt.signed and fmt.has_zero:
-        out = _Rounder(fmt, mode, nbits, 0).exact(x64, out=x64, rand=r)
+        out = Rounder(fmt, mode, nbits, 0).exact(x64, out=x64, rand=r)
     else:
         codes = emulate.encode(x64, fmt, rounding=mode, random_bits=r, stochastic_bits=nbits)
-        out = _decode64(codes, fmt)
+        out = decode64(codes, fmt)
     return out.reshape(np.shape(x))
 
 
@@ -45,7 +45,7 @@ def _input_words(rounding: Rounding, stream: int | None, shape: tuple) -> np.nda
 def round_operand(x, rounding: Rounding | None, stream: int | None, name: str) -> np.ndarray:
     """float32 values of an input after its ``input_format`` (element format or block recipe,
     applied as fake quantization); ``stream`` seeds its stochastic words."""
-    v = _as_f32(x, name)
+    v = as_f32(x, name)
     if rounding is None:
         return v
     rand = _input_words(rounding, stream, v.shape)

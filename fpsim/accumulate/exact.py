@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from ._accumulator import _as_f32
+from ._accumulator import as_f32
 
 _py_sum = sum
 
@@ -24,7 +24,7 @@ def exact_sum(x: Any, axis: int | tuple[int, ...] | None = None, *, fractions: b
     (``math.fsum``, Shewchuk's algorithm), or as :class:`fractions.Fraction` objects with
     ``fractions=True``. One Python loop per output element: for small and medium cases.
     """
-    v = _as_f32(x, "x").astype(np.float64)
+    v = as_f32(x, "x").astype(np.float64)
     axes = tuple(range(v.ndim)) if axis is None else tuple(np.atleast_1d(axis).tolist())
     axes = tuple(a % v.ndim for a in axes) if v.ndim else ()
     keep = [i for i in range(v.ndim) if i not in axes]
@@ -35,16 +35,16 @@ def exact_sum(x: Any, axis: int | tuple[int, ...] | None = None, *, fractions: b
 
 def exact_dot(a: Any, b: Any, *, fractions: bool = False) -> np.ndarray:
     """Exact ``sum_k a[..., k] * b[..., k]`` of float32 inputs (products exact in float64)."""
-    a = _as_f32(a, "a").astype(np.float64)
-    b = _as_f32(b, "b").astype(np.float64)
+    a = as_f32(a, "a").astype(np.float64)
+    b = as_f32(b, "b").astype(np.float64)
     terms = a * b
     return _exact_rows(terms.reshape(-1, terms.shape[-1]), fractions).reshape(terms.shape[:-1])
 
 
 def exact_matmul(a: Any, b: Any, *, fractions: bool = False) -> np.ndarray:
     """Exact ``a @ b`` of float32 2-D inputs, correctly rounded to float64 (or Fractions)."""
-    a = _as_f32(a, "a").astype(np.float64)
-    b = _as_f32(b, "b").astype(np.float64)
+    a = as_f32(a, "a").astype(np.float64)
+    b = as_f32(b, "b").astype(np.float64)
     terms = a[:, None, :] * b.T[None, :, :]  # (M, N, K), exact
     return _exact_rows(terms.reshape(-1, a.shape[1]), fractions).reshape(a.shape[0], b.shape[1])
 

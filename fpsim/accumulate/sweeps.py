@@ -27,7 +27,7 @@ from ..formats import Format, RoundMode, get_format
 from ._operands import blocked_operand, round_operand
 from .exact import error_summary, exact_dot, exact_sum
 from .spec import AccumulatorSpec, Compensation, Order, Rounding
-from .verbs import _dot, _scaled_matmul, _sum
+from .verbs import dot_spec, scaled_matmul_spec, sum_spec
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -198,9 +198,9 @@ def random_sweep(
             magnitude = np.abs(terms).sum(axis=-1)
             for s, spec in zip(settings, specs):
                 if bk is None:
-                    approx, info = _sum(spec, ak, -1, None, True)
+                    approx, info = sum_spec(spec, ak, -1, None, True)
                 else:
-                    approx, info = _dot(spec, ak, bk, None, True)
+                    approx, info = dot_spec(spec, ak, bk, None, True)
                 rows.append(_row(s, k, approx, exact, magnitude, info, kind=kind, data=data))
                 bar.update()
     return _frame(rows)
@@ -243,7 +243,7 @@ def trace_sweep(
             exact = exact_sum(g, axis=0)
             magnitude = np.abs(g.astype(np.float64)).sum(axis=0)
             for s, spec in zip(settings, specs):
-                approx, info = _sum(spec, g, 0, None, True)
+                approx, info = sum_spec(spec, g, 0, None, True)
                 rows.append(_row(s, k, approx, exact, magnitude, info, kind="trace", data=str(trace.path)))
                 bar.update()
     return _frame(rows)
@@ -294,7 +294,7 @@ def deepseek_sweep(
             fp64 = a.astype(np.float64) @ b.astype(np.float64)
             for (s, (ra, rb)), spec in zip(settings, specs):
                 exact, magnitude = _scaled_reference(a, b, spec.inputs)
-                approx, info = _scaled_matmul(spec, a, b, None, True)
+                approx, info = scaled_matmul_spec(spec, a, b, None, True)
                 extra = dict(kind="deepseek", data=data, recipe_a=ra, recipe_b=rb)
                 row = _row(s, k, approx, exact, magnitude, info, **extra)
                 row["rel_l2_err_vs_unquantized"] = float(np.linalg.norm(approx - fp64) / np.linalg.norm(fp64))

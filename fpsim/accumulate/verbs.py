@@ -17,7 +17,7 @@ import numpy as np
 
 from ..emulate.random import random_bits_at
 from ..formats import BlockFormat, Format, RoundMode, get_format
-from ._accumulator import _as_f32, _reduce_tile, _Stream, spec_rounding_count
+from ._accumulator import Stream, as_f32, reduce_tile, spec_rounding_count
 from ._operands import blocked_operand, product_rounder, round_operand, segment_scale
 from .spec import AccumulatorSpec, Compensation, Order, SeedStream
 
@@ -112,8 +112,8 @@ def _run(
         if k == 0:
             out[start:stop] = 0.0
         else:
-            stream = _Stream(_word_source(spec, bits, start, stop, n_out))
-            out[start:stop] = _reduce_tile(spec, k, addend, stream, scale, counts)
+            stream = Stream(_word_source(spec, bits, start, stop, n_out))
+            out[start:stop] = reduce_tile(spec, k, addend, stream, scale, counts)
         if return_info:
             lost[start:stop], nz[start:stop] = counts
     result = out.astype(np.float32).reshape(out_shape)
@@ -215,10 +215,10 @@ def sum(  # noqa: A001 - fpsim.sum mirrors numpy.sum
         input_rounding=input_rounding,
         operands=("x",),
     )
-    return _sum(spec, x, axis, random_bits, return_info)
+    return sum_spec(spec, x, axis, random_bits, return_info)
 
 
-def _sum(spec: AccumulatorSpec, x: Any, axis, random_bits: Any, return_info: bool, tile: int = TILE):
+def sum_spec(spec: AccumulatorSpec, x: Any, axis, random_bits: Any, return_info: bool, tile: int = TILE):
     """:func:`sum` with its settings resolved."""
     v = round_operand(x, spec.inputs[0], spec.stream(SeedStream.INPUT_A), "x")
     axes = tuple(range(v.ndim)) if axis is None else tuple(np.atleast_1d(axis).tolist())
@@ -242,7 +242,7 @@ def dot(a: Any, b: Any, **kwargs: Any):
     ``input_format`` / ``input_rounding`` may be pairs ``(for a, for b)``.
     ``dot(a[i], b.T[j])`` equals ``matmul(a, b)[i, j]`` bit for bit.
     """
-    return _products(_dot, a, b, **kwargs)
+    return _products(dot_spec, a, b, **kwargs)
 
 
 def matmul(a: Any, b: Any, **kwargs: Any):
@@ -306,9 +306,9 @@ def _products(
     return driver(spec, a, b, random_bits, return_info)
 
 
-def _dot(spec: AccumulatorSpec, a: Any, b: Any, random_bits: Any, return_info: bool, tile: int = TILE):
+def dot_spec(spec: AccumulatorSpec, a: Any, b: Any, random_bits: Any, return_info: bool, tile: int = TILE):
     """:func:`dot` with its settings resolved."""
-    a, b = _as_f32(a, "a"), _as_f32(b, "b")
+    a, b = as_f32(a, "a"), as_f32(b, "b")
     if a.ndim == 0 or b.ndim == 0 or a.shape[-1] != b.shape[-1]:
         raise ValueError(f"dot: a and b need the same last axis; got shapes {a.shape} and {b.shape}")
     a = round_operand(a, spec.inputs[0], spec.stream(SeedStream.INPUT_A), "a")
@@ -335,7 +335,7 @@ def _dot(spec: AccumulatorSpec, a: Any, b: Any, random_bits: Any, return_info: b
 
 def _matmul(spec: AccumulatorSpec, a: Any, b: Any, random_bits: Any, return_info: bool, tile: int = TILE):
     """:func:`matmul` with its settings resolved."""
-    a2, b2, squeeze = _matmul_shapes(_as_f32(a, "a"), _as_f32(b, "b"))
+    a2, b2, squeeze = _matmul_shapes(as_f32(a, "a"), as_f32(b, "b"))
     a2 = round_operand(a2, spec.inputs[0], spec.stream(SeedStream.INPUT_A), "a")
     bt = round_operand(np.swapaxes(b2, -1, -2), spec.inputs[1], spec.stream(SeedStream.INPUT_B), "b")
     b2 = np.swapaxes(bt, -1, -2)
@@ -459,12 +459,12 @@ def scaled_matmul(
         input_rounding=input_rounding,
         always_promote=True,
     )
-    return _scaled_matmul(spec, a, b, random_bits, return_info)
+    return scaled_matmul_spec(spec, a, b, random_bits, return_info)
 
 
-def _scaled_matmul(spec: AccumulatorSpec, a: Any, b: Any, random_bits: Any, return_info: bool):
+def scaled_matmul_spec(spec: AccumulatorSpec, a: Any, b: Any, random_bits: Any, return_info: bool):
     """:func:`scaled_matmul` with its settings resolved (``spec.inputs``: the two recipes)."""
-    a, b = _as_f32(a, "a"), _as_f32(b, "b")
+    a, b = as_f32(a, "a"), as_f32(b, "b")
     if a.ndim != 2 or b.ndim != 2 or a.shape[1] != b.shape[0]:
         raise ValueError(f"scaled_matmul: need a (M, K) and b (K, N); got {a.shape} and {b.shape}")
     (m, k), n = a.shape, b.shape[1]

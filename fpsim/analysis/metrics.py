@@ -315,14 +315,14 @@ def tally_jobs(
         if compiled:
             out.append(fast.value_partial(xf, q, *element_flags(codes, el), inp, with_hist))
         else:
-            out.append(_tally(xf.reshape(-1), q.reshape(-1), codes, el, with_hist))
+            out.append(tally_partial(xf.reshape(-1), q.reshape(-1), codes, el, with_hist))
     return out
 
 
 _SUB = 1 << 16  # elements per sub-block: temporaries stay in cache
 
 
-def _tally(x: np.ndarray, q: np.ndarray, codes: np.ndarray, el: Any, with_hist: bool) -> Partial:
+def tally_partial(x: np.ndarray, q: np.ndarray, codes: np.ndarray, el: Any, with_hist: bool) -> Partial:
     """Counts and sums of one chunk, worked through in cache-sized sub-blocks.
 
     Float sums: exact (:func:`fpsim.analysis.partials.exact_sum` of the float64 terms).

@@ -34,7 +34,7 @@ from ..emulate import element
 from ..emulate.delayed import DelayedScaling
 from ..formats import RoundMode, get_format
 from ..trace import as_trace, json_safe
-from .metrics import Partial, _tally, measure_tensor
+from .metrics import Partial, measure_tensor, tally_partial
 from .run import Analysis
 
 __all__ = ["TE_FORMATS", "TEView", "role_totals", "te_view"]
@@ -149,6 +149,6 @@ def te_view(
                 element.decode_array(enc.codes, el).astype(np.float32).reshape(-1)
                 * enc.scales.view(np.float32)[0]
             )
-            p = _tally(xf, q, np.asarray(enc.codes).reshape(-1), el, False)
+            p = tally_partial(xf, q, np.asarray(enc.codes).reshape(-1), el, False)
         view.results[(e.step, e.role, e.name)] = p
     return view

@@ -64,7 +64,7 @@ def lr_at(step: int, steps: int) -> float:
     return PEAK_LR * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * t)))
 
 
-def _build_model() -> Any:
+def build_model() -> Any:
     import torch
     from torch import nn
 
@@ -151,7 +151,7 @@ def make_sample_trace(
     try:
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(seed)
-            model = _build_model()
+            model = build_model()
             n_params = sum(p.numel() for p in model.parameters())
             opt = torch.optim.Adam(model.parameters(), lr=PEAK_LR, betas=(0.9, 0.999), eps=1e-8)
             gen = torch.Generator().manual_seed(seed + 1)

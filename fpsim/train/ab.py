@@ -161,9 +161,9 @@ def _transformer_data(seed: int) -> Data:
 
 
 def _build_transformer() -> Any:
-    from ..trace.sample import _build_model
+    from ..trace.sample import build_model
 
-    return _build_model()
+    return build_model()
 
 
 def digits_data(seed: int = 0, uci: bool | None = None) -> Data:

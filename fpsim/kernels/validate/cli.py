@@ -23,7 +23,7 @@ from typing import Any
 from fpsim.formats import RoundMode
 
 from .common import Mismatch, torch_module
-from .registry import KERNELS, _plan, _row, report_of
+from .registry import KERNELS, plan_rows, report_of, run_row
 
 _DESCRIPTION = "Bit-exact validation of the Triton kernels against the emulator."
 
@@ -104,7 +104,7 @@ def run_args(args: argparse.Namespace) -> int:
         if not torch.cuda.is_available():
             print("validate-kernels: error: --device cuda but torch sees no CUDA device", file=sys.stderr)
             return 2
-    plan = _plan(args.format, args.kernel, args.rounding)
+    plan = plan_rows(args.format, args.kernel, args.rounding)
     widths = _widths([(spec.name, fmt.name, mode.value) for spec, fmt, mode in plan])
     print(_line(_HEADS, widths), flush=True)
     rows: list[dict[str, Any]] = []
@@ -113,7 +113,7 @@ def run_args(args: argparse.Namespace) -> int:
     bar = tqdm(plan, disable=args.quiet, desc="validate-kernels", unit="case")
     try:
         for spec, fmt, mode in bar:
-            rows.append(_row(spec, fmt, mode, args.quick, args.device))
+            rows.append(run_row(spec, fmt, mode, args.quick, args.device))
             tqdm.write(_line(_cells(rows[-1]), widths), file=sys.stdout)
             sys.stdout.flush()
             if args.json:

@@ -160,10 +160,10 @@ def validate_all(
     """
     from tqdm.auto import tqdm
 
-    plan = _plan(formats, kernels, roundings)
+    plan = plan_rows(formats, kernels, roundings)
     t0 = time.perf_counter()
     rows = [
-        _row(spec, fmt, mode, quick, device)
+        run_row(spec, fmt, mode, quick, device)
         for spec, fmt, mode in tqdm(plan, disable=not progress, desc="validate-kernels", unit="case")
     ]
     return report_of(rows, device, quick, time.perf_counter() - t0)
@@ -184,7 +184,7 @@ def report_of(rows: list[dict[str, Any]], device: str, quick: bool, seconds: flo
     }
 
 
-def _plan(
+def plan_rows(
     formats: Sequence[str] | None, kernels: Sequence[str] | None, roundings: Sequence[str] | None
 ) -> list[tuple[KernelSpec, Any, RoundMode]]:
     """(kernel, format, mode) of every row, names resolved (ValueError for unknown ones)."""
@@ -205,7 +205,7 @@ def _plan(
     ]
 
 
-def _row(spec: KernelSpec, fmt: Any, mode: RoundMode, quick: bool, device: str) -> dict[str, Any]:
+def run_row(spec: KernelSpec, fmt: Any, mode: RoundMode, quick: bool, device: str) -> dict[str, Any]:
     """One report row: the kernel's cases for (format, mode) summed over their variants."""
     row: dict[str, Any] = {"kernel": spec.name, "format": fmt.name, "rounding": mode.value}
     row.update(compared=0, mismatches=0, variants=0, skipped=None, errors=[], first=[])
