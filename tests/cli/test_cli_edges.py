@@ -149,7 +149,7 @@ def test_validate_kernels_writes_each_row_and_keeps_them_on_ctrl_c(capsys, tmp_p
         seen[-1].update(mismatches=0, variants=1, skipped=None, errors=[], first=[])
         return dict(seen[-1])
 
-    monkeypatch.setattr(vcli, "_row", fake_row)
+    monkeypatch.setattr(vcli, "run_row", fake_row)
     out = tmp_path / "report.json"
     argv = ["validate-kernels", "--quick", "--quiet", "--kernel", "cast.encode", "--json", str(out)]
     assert main([*argv, "--format", "float8_e4m3fn", "--format", "float16"]) == 130
