@@ -22,7 +22,10 @@ Modules:
     optim: the fused Adam / AdamW step with 8-bit or FP8 block states, bit-identical to one
         tensor-step of :func:`fpsim.replay.replay` (numpy twin ``adamw_step_reference``).
     arguments: the host side's kernel arguments shared by ``cast``, ``blocks`` and ``optim``
-        (a format's runtime and constexpr parameters, stochastic-rounding words, the grid).
+        (stochastic-rounding words, the grid).
+    format_args: an element format as the kernels take it, one runtime and one constexpr
+        tuple (:class:`~fpsim.kernels.format_args.FormatArgs`, ``FormatPaths``), and a block
+        recipe's scale numbers (``ScaleArgs``).
     validate: the bit-exact validation harness (a package): ``validate``, ``validate_all``
         and the ``fpsim validate-kernels`` command (``main``, ``add_parser``).
 

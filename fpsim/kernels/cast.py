@@ -1,9 +1,10 @@
 """Portable Triton casts: encode, decode and quantize torch tensors bit-identically to
 :mod:`fpsim.emulate.element`.
 
-The kernels (``_portable.py``) port the emulator's integer algorithm (:mod:`fpsim.emulate._bitcore`)
-to Triton with integer bit operations only, so they run exactly in Triton's CPU
-interpreter (whose float8 and bfloat16 float casts are wrong) and on a GPU. Every :class:`~fpsim.Format` and
+The kernels (``_cast_kernel.py``, with the shared helpers of ``_intcast.py``) port the
+emulator's integer algorithm (:mod:`fpsim.emulate._bitcore`) to Triton with integer bit
+operations only, so they run exactly in Triton's CPU interpreter (whose float8 and bfloat16
+float casts are wrong) and on a GPU. Every :class:`~fpsim.Format` and
 :class:`~fpsim.IntFormat` (the whole of :data:`fpsim.FORMATS` and any other format the
 emulator accepts) and every :class:`~fpsim.RoundMode` is supported, with ``saturate`` and
 ``subnormals`` as in :func:`fpsim.emulate.element.encode`.
@@ -44,7 +45,8 @@ from fpsim.formats import AnyFormat, Format, IntFormat, RoundMode, get_format
 from ._codes import Random, Source
 from ._loader import is_interpreted, kernel_module, require_torch
 from ._loader import launch as _launch_kernel
-from .arguments import Launch, decode_args, encode_args, i32, launch_grid, stochastic_source
+from .arguments import Launch, i32, launch_grid, stochastic_source
+from .format_args import format_args, rounding_codes
 
 __all__ = ["encode", "decode", "quantize", "code_dtype", "Launch"]
 
@@ -177,10 +179,10 @@ def decode(codes: Any, fmt: Any, *, launch: Launch = _DEFAULT) -> Any:
         return out
     interp = is_interpreted(codes.device)
     block, grid, extra = launch_grid(n, codes.device, launch)
-    drt, dce = decode_args(fmt)
-    kernel = kernel_module("_portable", interp).decode_kernel
-    args = (codes, out.view(torch.int32), n)
-    _launch_kernel(kernel, grid, interp, *args, **drt, **dce, BLOCK=block, I64=n + block >= 2**31, **extra)
+    fa, fp = format_args(fmt)
+    kernel = kernel_module("_cast_kernel", interp).decode_kernel
+    args = (codes, out.view(torch.int32), n, fa)
+    _launch_kernel(kernel, grid, interp, *args, FMT=fp, BLOCK=block, I64=n + block >= 2**31, **extra)
     return out
 
 
@@ -221,12 +223,12 @@ def _run_encode(x, fmt, rounding, saturate, subnormals, random_bits, seed, nbits
     if n == 0:
         return out
     ftz = not (subnormals and getattr(fmt, "subnormals", True))
-    ert, ece = encode_args(fmt, mode, bool(saturate), ftz, nbits)
-    drt, dce = decode_args(fmt if quant else None)
+    fa, fp = format_args(fmt, saturate=bool(saturate), ftz=ftz)
+    mode_code, ovf = rounding_codes(fmt, mode)
     interp = is_interpreted(x.device)
     block, grid, extra = launch_grid(n, x.device, launch)
     _launch_kernel(
-        kernel_module("_portable", interp).encode_kernel,
+        kernel_module("_cast_kernel", interp).encode_kernel,
         grid,
         interp,
         xv,
@@ -235,15 +237,17 @@ def _run_encode(x, fmt, rounding, saturate, subnormals, random_bits, seed, nbits
         n,
         i32(seed_arg),
         i32(seed_arg >> 32),
-        **ert,
-        **drt,
+        nbits,
+        i32((1 << nbits) - 1),
+        fa,
+        FMT=fp,
+        MODE=mode_code,
+        OVF=ovf,
         SRC=int(src),
         RAND=int(rand_kind),
         QUANT=quant,
         BLOCK=block,
         I64=n + block >= 2**31,
-        **ece,
-        **dce,
         **extra,
     )
     return out

@@ -13,19 +13,20 @@ from fpsim.formats import codes as shared
 from fpsim.replay.optim import Adam, AdamW
 
 pytest.importorskip("triton")
-from fpsim.kernels import _codes, arguments, optim  # noqa: E402  (after the skip)
+from fpsim.kernels import _codes, optim  # noqa: E402  (after the skip)
 from fpsim.kernels._loader import kernel_module  # noqa: E402
+from fpsim.kernels.format_args import format_args, rounding_codes  # noqa: E402
 
 # the enums whose constants each kernel file compares with (a kernel file may name a constant of
 # another numbering alike, e.g. _blocks_portable's _CODEBOOK is Rule.CODEBOOK)
 READS = {
-    "_portable": (RoundMode, Encoding),
+    "_intcast": (RoundMode, Encoding),
     "_accumulate_portable": (RoundMode,),
     "_blocks_portable": (RoundMode, Encoding),
     "_optim_portable": (shared.StateKind, shared.Decay),
 }
 COVERS = {  # the constants each file must have: the members its kernels branch on
-    "_portable": {*(f"_{m.name}" for m in RoundMode if m is not RoundMode.STOCHASTIC), "_IEEE", "_FN"},
+    "_intcast": {*(f"_{m.name}" for m in RoundMode if m is not RoundMode.STOCHASTIC), "_IEEE", "_FN"},
     "_accumulate_portable": {f"_{m.name}" for m in RoundMode},
     "_optim_portable": {"_FP32", "_CODEBOOK", "_INT", "_DECOUPLED", "_L2"},
 }
@@ -61,8 +62,8 @@ def test_the_kernels_use_the_shared_enums():
 @pytest.mark.parametrize("mode", list(RoundMode), ids=lambda m: m.value)
 def test_the_cast_host_passes_the_shared_codes(mode):
     for fmt in (f for f in FORMATS.values() if isinstance(f, Format)):
-        _, ce = arguments.encode_args(fmt, mode, False, False, 32)
-        assert ce["MODE"] == mode.code and ce["ENC"] == fmt.encoding.code, fmt.name
+        (mode_code, _), (_, paths) = rounding_codes(fmt, mode), format_args(fmt)
+        assert mode_code == mode.code and paths.ENC == fmt.encoding.code, fmt.name
 
 
 def test_the_optimizer_host_passes_the_numpy_steps_decay():

@@ -31,7 +31,7 @@ _PORTABLE = None  # fpsim.kernels' interpreted kernel module, set by the test be
 @triton.jit
 def _draw_portable(out_ptr, seed_lo, seed_hi, start, BLOCK: tl.constexpr):
     offs = start + tl.arange(0, BLOCK).to(tl.int64)
-    word = _PORTABLE._philox_word(seed_lo.to(tl.uint32), seed_hi.to(tl.uint32), offs)
+    word = _PORTABLE.philox_word(seed_lo.to(tl.uint32), seed_hi.to(tl.uint32), offs)
     tl.store(out_ptr + tl.arange(0, BLOCK), word.to(tl.int32, bitcast=True))
 
 
@@ -56,7 +56,7 @@ def test_kernel_philox_word_with_64_bit_offsets():
     from fpsim.kernels._loader import kernel_module
 
     global _PORTABLE
-    _PORTABLE = kernel_module("_portable", interpret=True)
+    _PORTABLE = kernel_module("_intcast", interpret=True)
     seed = 2**40 + 77
     out = torch.empty(16, dtype=torch.int32)
     with interpreter_patches_restored():  # a nested @jit call: Triton 3.9 leaks its patches
