@@ -1,6 +1,6 @@
 """Fused optimizer step: Adam / AdamW with block-quantized states and low-precision master weights.
 
-:func:`adamw_step` runs one update of one tensor in a single Triton kernel (``_optim_portable.py``):
+:func:`adamw_step` runs one update of one tensor in a single Triton kernel (``_optim_kernel.py``):
 decode the master parameter and both moments, do the update of :class:`fpsim.replay.optim.AdamW`
 (or :class:`fpsim.replay.optim.Adam`, L2 decay) in float32 in its exact order of operations,
 re-encode the moments with their block recipe and round the parameter once to the master
@@ -44,7 +44,8 @@ above, state recipes with other scale rules (MX, per-tensor), lookup-table codeb
 (``lut_bins``) and SGD.
 
 On the CPU the kernel runs in Triton's interpreter; on a GPU compiled with fma contraction
-off (``enable_fp_fusion=False``); see ``_optim_portable.py`` for the arithmetic.
+off (``enable_fp_fusion=False``); see ``_optim_kernel.py`` for the arithmetic and
+:mod:`fpsim.kernels.optim_args` for its arguments.
 
 NaNs: in the interpreter the kernel reproduces the twin's NaN bits too; a GPU's arithmetic
 gives the canonical NaN 0x7FFFFFFF where numpy keeps sign and payload, so NaN codes are
@@ -75,12 +76,10 @@ import numpy as np
 
 from fpsim.emulate import decode, encode
 from fpsim.emulate.blocks import BlockCodes
-from fpsim.emulate.scale_rules import nearest_thresholds
 from fpsim.formats import (
     RECIPES,
     BlockFormat,
     Codebook,
-    Encoding,
     Format,
     IntFormat,
     RoundMode,
@@ -89,10 +88,11 @@ from fpsim.formats import (
 )
 from fpsim.replay.optim import Adam, AdamW, Sqrt
 
-from ._codes import Decay, Overflow, Random, Source, StateKind, state_kind
+from ._codes import Random, Source
 from ._loader import is_interpreted, kernel_module, require_torch
 from ._loader import launch as _launch_kernel
-from .arguments import encode_args, i32, stochastic_source
+from .arguments import i32, stochastic_source
+from .optim_args import MasterTensors, StateTensors, adam_args, master_paths, state_args, state_tables
 
 __all__ = [
     "AdamStep",
@@ -329,55 +329,11 @@ def _twin_bits(random_bits: Any, seed: int | None, shape: tuple) -> np.ndarray:
 # --- the kernel ---------------------------------------------------------------------------------
 
 
-def _bits32(v: float) -> int:
-    return int(np.float32(v).view(np.int32))
-
-
-def _hyper(opt: Adam, lr: float, t: int) -> tuple[Decay, dict[str, int]]:
-    """DECAY code and the float32 scalars (as int32 bits) of :meth:`fpsim.replay.optim.Adam.scalars`."""
-    sc = opt.scalars(lr, t)
-    names = {"decay": sc.decay, "omb1": sc.omb1, "omb2": sc.omb2, "beta2": sc.b2}
-    names |= {"neg_step": sc.neg_step, "bias2": sc.bc2, "eps": sc.eps}
-    return Decay(sc.mode), {k: _bits32(v) for k, v in names.items()}
-
-
-_STATE_KEYS = ["m", "emin", "code_max", "ftz_lim", "code_nan", "sign_shift", "fb", "ibits", "imask"]
-_STATE_KEYS += ["max_int", "lo"]
-
-
-@functools.lru_cache(maxsize=64)
-def _state_consts(bf: BlockFormat | None) -> tuple[StateKind, int, dict[str, int], np.ndarray, np.ndarray]:
-    """(KIND, ENC, runtime int32 arguments, decode table, codebook midpoints) of a state."""
-    table = np.zeros(256, _F32)
-    mids = np.full(256, np.inf, _F32)
-    rt = dict.fromkeys(_STATE_KEYS + ["eps_bits", "elem_max_bits"], 0)
-    if bf is None:
-        return state_kind(bf), Encoding.IEEE.code, rt, table, mids
-    el = bf.element
-    if isinstance(el, Codebook):
-        c = el.table
-        table[: c.size] = c
-        mids[: c.size - 1] = nearest_thresholds(c)  # as fpsim.emulate.blocks's bucket lookup
-        rt.update(max_int=c.size - 1)  # no eps: bitsandbytes does not clamp the absmax
-        return state_kind(bf), Encoding.IEEE.code, rt, table, mids
-    table[: 1 << el.bits] = decode(np.arange(1 << el.bits, dtype=np.uint8), el)
-    ftz = not getattr(el, "subnormals", True)
-    ert, ece = encode_args(el, RoundMode.NEAREST_EVEN, True, ftz, 32)
-    rt.update({k: ert[k] for k in _STATE_KEYS})
-    rt.update(eps_bits=_bits32(bf.eps), elem_max_bits=_bits32(bf.elem_max))
-    return state_kind(bf), ece["ENC"], rt, table, mids
-
-
 @functools.lru_cache(maxsize=64)
 def _state_tables(bf: BlockFormat | None, device: str) -> tuple[Any, Any]:
     torch = require_torch()
-    _, _, _, table, mids = _state_consts(bf)
+    table, mids = state_tables(bf)
     return torch.from_numpy(table).to(device), torch.from_numpy(mids).to(device)
-
-
-def _source(name: str) -> Source:
-    """The kernel's input code of a master format (bfloat16, float16 or float32)."""
-    return {"float32": Source.FLOAT32, "bfloat16": Source.BFLOAT16, "float16": Source.FLOAT16}[name]
 
 
 def _torch_dtype(torch: Any, fmt: Format) -> Any:
@@ -509,8 +465,7 @@ def adamw_step(
         pv, mc, vc = pv.contiguous(), mc.contiguous(), vc.contiguous()
         ms = ms.contiguous() if ms is not None else None
         vs = vs.contiguous() if vs is not None else None
-    g = g.contiguous()
-    gv = g.view(torch.int32 if g_src is Source.FLOAT32 else torch.int16)
+    g = g.contiguous().view(torch.int32 if g_src is Source.FLOAT32 else torch.int16)
 
     rand, rand_kind, seed_arg = pv, Random.NONE, 0
     if mode is RoundMode.STOCHASTIC:
@@ -529,51 +484,36 @@ def adamw_step(
         vs_out = None if vs is None else torch.empty(nb, dtype=torch.int32, device=dev)
 
     interp = is_interpreted(dev)
-    m_kind, m_enc, m_rt, _, _ = _state_consts(mrec)
-    v_kind, v_enc, v_rt, _, _ = _state_consts(vrec)
     m_tab, m_mid = _state_tables(mrec, str(dev))
     v_tab, v_mid = _state_tables(vrec, str(dev))
-    decay_kind, hyper = _hyper(opt, lr, t)
-    pe, pce = encode_args(mfmt, mode, False, False, 32)
     bp = 1 << max(0, (bsize - 1).bit_length())
     k = max(1, (_TILE_CPU if interp else _TILE_GPU) // bp)
     k = min(k, 1 << max(0, (nb - 1).bit_length()))
     grid = (-(-nb // k),)
-    dummy = m_tab.view(torch.int32)
+    dummy = m_tab.view(torch.int32)  # the scales of FP32 states: never read nor written
+    ms_in, vs_in, ms_w, vs_w = (dummy if x is None else x for x in (ms, vs, ms_out, vs_out))
     extra = {} if interp else {"num_warps": 4 if bp * k <= 2048 else 8, "enable_fp_fusion": False}
-    args = [pv, gv, mc, dummy if ms is None else ms, vc, dummy if vs is None else vs]
-    args += [p_out, mc_out, dummy if ms_out is None else ms_out, vc_out, dummy if vs_out is None else vs_out]
-    args += [rand, m_tab, m_mid, v_tab, v_mid, n, nb, i32(seed_arg), i32(seed_arg >> 32)]
-    kwargs: dict[str, Any] = dict(hyper)
-    kwargs.update(
-        p_m=pe["m"],
-        p_emin=pe["emin"],
-        p_code_max=pe["code_max"],
-        p_code_inf=pe["code_inf"],
-        p_code_nan=pe["code_nan"],
-        p_sign_shift=pe["sign_shift"],
-    )
-    kwargs.update({"m_" + key: val for key, val in m_rt.items()})
-    kwargs.update({"v_" + key: val for key, val in v_rt.items()})
-    assert pce["ENC"] == Encoding.IEEE.code and pce["OVF"] == Overflow.ALWAYS  # IEEE masters, overflow to inf
-    kwargs.update(
-        DECAY=int(decay_kind),
-        P_SRC=int(_source(mfmt.name)),
-        G_SRC=int(g_src),
-        RAND=int(rand_kind),
-        P_MODE=pce["MODE"],
-        M_KIND=int(m_kind),
-        M_ENC=m_enc,
-        V_KIND=int(v_kind),
-        V_ENC=v_enc,
-        B=bsize,
-        BP=bp,
-        K=k,
-        I64=n + bp * k >= 2**31,
-    )
-    mod = kernel_module("_optim_portable", interp)
+    (m_args, m_paths), (v_args, v_paths) = state_args(mrec), state_args(vrec)
+    p_fmt, p_paths = master_paths(mfmt, mode, rand_kind)
+    decay, step_args = adam_args(opt, lr, t)
+    args = [
+        g,
+        MasterTensors(pv, p_out, rand),
+        StateTensors(mc, ms_in, mc_out, ms_w, m_tab, m_mid),
+        StateTensors(vc, vs_in, vc_out, vs_w, v_tab, v_mid),
+        n,
+        i32(seed_arg),
+        i32(seed_arg >> 32),
+        step_args,
+        p_fmt,
+        m_args,
+        v_args,
+    ]
+    consts = dict(P=p_paths, M=m_paths, V=v_paths, G_SRC=int(g_src), DECAY=int(decay))
+    consts.update(B=bsize, BP=bp, K=k, I64=n + bp * k >= 2**31)
+    mod = kernel_module("_optim_kernel", interp)
     with np.errstate(all="ignore"):  # the interpreter's numpy float ops (inf - inf and the like)
-        _launch_kernel(mod.adam_kernel, grid, interp, *args, **kwargs, **extra)
+        _launch_kernel(mod.adam_kernel, grid, interp, *args, **consts, **extra)
     if inplace:
         return AdamStep(p, m_codes, m_scales, v_codes, v_scales)
     p_new = p_out.view(p.dtype) if p.dtype != pv.dtype else p_out

@@ -13,7 +13,7 @@ from fpsim.formats import codes as shared
 from fpsim.replay.optim import Adam, AdamW
 
 pytest.importorskip("triton")
-from fpsim.kernels import _codes, optim  # noqa: E402  (after the skip)
+from fpsim.kernels import _codes, optim_args  # noqa: E402  (after the skip)
 from fpsim.kernels._loader import kernel_module  # noqa: E402
 from fpsim.kernels.format_args import format_args, rounding_codes  # noqa: E402
 
@@ -23,12 +23,12 @@ READS = {
     "_intcast": (RoundMode, Encoding),
     "_accumulate_portable": (RoundMode,),
     "_blocks_portable": (RoundMode, Encoding),
-    "_optim_portable": (shared.StateKind, shared.Decay),
+    "_optim_kernel": (shared.StateKind, shared.Decay),
 }
 COVERS = {  # the constants each file must have: the members its kernels branch on
     "_intcast": {*(f"_{m.name}" for m in RoundMode if m is not RoundMode.STOCHASTIC), "_IEEE", "_FN"},
     "_accumulate_portable": {f"_{m.name}" for m in RoundMode},
-    "_optim_portable": {"_FP32", "_CODEBOOK", "_INT", "_DECOUPLED", "_L2"},
+    "_optim_kernel": {"_FP32", "_CODEBOOK", "_INT", "_DECOUPLED", "_L2"},
 }
 
 
@@ -68,6 +68,6 @@ def test_the_cast_host_passes_the_shared_codes(mode):
 
 def test_the_optimizer_host_passes_the_numpy_steps_decay():
     for opt in (Adam(), Adam(weight_decay=0.1), AdamW(weight_decay=0.1)):
-        decay, _ = optim._hyper(opt, 1e-3, 3)
+        decay, _ = optim_args.adam_args(opt, 1e-3, 3)
         assert decay is shared.Decay(opt.scalars(1e-3, 3).mode)
         assert decay is shared.Decay.of(opt.weight_decay, opt.decoupled)

@@ -294,28 +294,44 @@ def test_twin_and_kernel_equal_replay(tmp_path, optimizer):
 
 
 def _compile_sm90(fusion: bool = False, **over):
-    """The compiled kernel for sm_90 (PTX built on the CPU); ``over`` changes constexprs."""
+    """The compiled kernel for sm_90 (PTX built on the CPU); ``over`` changes constexprs
+    (state kinds, master source and rounding, ... as named below), specialised as a launch."""
     triton = pytest.importorskip("triton")
     try:
-        from triton.backends.compiler import GPUTarget
+        from triton._C.libtriton import native_specialize_impl
+        from triton.backends.compiler import BaseBackend, GPUTarget
         from triton.compiler import ASTSource
     except ImportError:  # pragma: no cover - older triton
         pytest.skip("this triton has no ASTSource/GPUTarget")
+    from fpsim.formats import RECIPES
+    from fpsim.kernels import optim_args
     from fpsim.kernels._loader import kernel_module
 
-    fn = kernel_module("_optim_portable", interpret=False).adam_kernel
-    consts = dict(DECAY=1, P_SRC=2, G_SRC=0, RAND=1, P_MODE=5, M_KIND=1, M_ENC=0, V_KIND=3, V_ENC=1)
-    consts.update(B=256, BP=256, K=8, I64=False)
-    consts.update(over)
-    pt = "*i32" if consts["P_SRC"] == 0 else "*i16"
-    mt = "*i32" if consts["M_KIND"] == 0 else "*u8"
-    vt = "*i32" if consts["V_KIND"] == 0 else "*u8"
-    types = {"p_ptr": pt, "g_ptr": "*i32" if consts["G_SRC"] == 0 else "*i16", "mc_ptr": mt, "ms_ptr": "*i32"}
-    types.update(vc_ptr=vt, vs_ptr="*i32", p_out=pt, mc_out=mt, ms_out="*i32", vc_out=vt, vs_out="*i32")
-    types.update(r_ptr="*i32", m_tab="*fp32", m_mid="*fp32", v_tab="*fp32", v_mid="*fp32")
+    fn = kernel_module("_optim_kernel", interpret=False).adam_kernel
+    c = dict(DECAY=1, P_SRC=2, G_SRC=0, RAND=1, P_MODE=5, M_KIND=1, V_KIND=3, B=256, BP=256, K=8, I64=False)
+    c.update(over)
+    kinds = {0: None, 1: RECIPES["bnb_dynamic8_block256"], 2: RECIPES["int8_block256"]}
+    kinds[3] = RECIPES["fp8_e4m3_block256"]  # FLOAT, encoding FN
+    master = fpsim.get_format({0: "float32", 1: "float16", 2: "bfloat16"}[c["P_SRC"]])
+    mode = {0: RoundMode.NEAREST_EVEN, 5: RoundMode.STOCHASTIC}[c["P_MODE"]]
+    p_fmt, p_paths = optim_args.master_paths(master, mode, c["RAND"])
+    m_args, m_paths = optim_args.state_args(kinds[c["M_KIND"]])
+    v_args, v_paths = optim_args.state_args(kinds[c["V_KIND"]])
+    _, step = optim_args.adam_args(AdamW(weight_decay=0.01), 1e-3, 3)  # runtime floats
+    consts = dict(P=p_paths, M=m_paths, V=v_paths, G_SRC=c["G_SRC"], DECAY=c["DECAY"])
+    consts.update(B=c["B"], BP=c["BP"], K=c["K"], I64=c["I64"])
+    pt = "*i32" if c["P_SRC"] == 0 else "*i16"
+    mt, vt = ("*i32" if c[k] == 0 else "*u8" for k in ("M_KIND", "V_KIND"))
+    types = {"g_ptr": "*i32" if c["G_SRC"] == 0 else "*i16", "p_io": optim_args.MasterTensors(pt, pt, "*i32")}
+    types["m_io"] = optim_args.StateTensors(mt, "*i32", mt, "*i32", "*fp32", "*fp32")
+    types["v_io"] = optim_args.StateTensors(vt, "*i32", vt, "*i32", "*fp32", "*fp32")
     names = fn.arg_names
-    sig = {a: ("constexpr" if a in consts else types.get(a, "i32")) for a in names}
     cidx = {(names.index(k),): v for k, v in consts.items()}
+    for name, value in dict(step=step, p_fmt=p_fmt, m_args=m_args, v_args=v_args).items():
+        ty, keys = native_specialize_impl(BaseBackend, value, False, True, True)  # as a launch
+        types[name] = ty
+        cidx.update({path: k for path, k in _paths(names.index(name), ty, keys) if k is not None})
+    sig = {a: ("constexpr" if a in consts else types.get(a, "i32")) for a in names}
     try:
         return triton.compile(
             ASTSource(fn=fn, signature=sig, constexprs=cidx),
@@ -326,6 +342,16 @@ def _compile_sm90(fusion: bool = False, **over):
         if "ptxas" in str(e).lower():
             pytest.skip(f"cannot assemble for sm_90 here: {e}")
         raise
+
+
+def _paths(i, ty, keys, prefix=()):
+    """(argument path, specialisation key) of each leaf of a tuple argument; a key that is
+    not a string is a field specialised into a constant."""
+    for j, (t, k) in enumerate(zip(ty, keys)):
+        if isinstance(t, tuple):
+            yield from _paths(i, t, k, prefix + (j,))
+        else:
+            yield (i, *prefix, j), (k if t == "constexpr" else None)
 
 
 def test_compiled_kernel_has_no_contracted_fma_and_exact_div_sqrt():
