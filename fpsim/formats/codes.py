@@ -47,7 +47,8 @@ class StateKind(enum.IntEnum):
 
     The Triton kernel stores ``FP32``, ``CODEBOOK``, ``INT`` and ``FLOAT`` states
     (:func:`fpsim.kernels._codes.state_kind`); the compiled loops store ``CODEBOOK`` and the
-    kinds from ``INT8_ABSMAX`` on (:mod:`fpsim.replay.fused`).
+    kinds from ``INT8_ABSMAX`` on (:mod:`fpsim.replay.fused`), the scaled ones for the scale
+    rules and elements of :data:`fpsim._compiled.kinds.SCALED_STATES`.
 
     Attributes:
         FP32: float32 values, no scales.

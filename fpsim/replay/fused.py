@@ -17,10 +17,12 @@ of one size along the flattened tensor, by one of the :class:`fpsim.formats.code
 encodings: a codebook rounded to the nearest entry (the bitsandbytes dynamic maps,
 ``bnb_dynamic8_block256`` ...) or through bitsandbytes' CPU lookup table (``bnb-8bit-cpu``),
 torchao's quantizer into its tables (:mod:`fpsim.replay.qmap`: ``torchao-8bit``,
-``torchao-4bit``), linear absmax INT8 (``int8_block256``, ``int8_block2048``) or
-float8_e4m3fn with an FP32 absmax scale (``fp8_e4m3_block256``, torchao's AdamWFp8), or
-float8_e4m3fn with Transformer Engine's per-tensor current scaling (``e4m3_tensor``,
-``e4m3_tensor_pow2``: MS-AMP's FP8 first moment; one block, one piece). Everything else takes
+``torchao-4bit``), or an element with a float32 scale by the rules and elements of
+:data:`fpsim._compiled.kinds.SCALED_STATES` (the one table of them): linear absmax INT8
+(``int8_block256``, ``int8_block2048``), float8_e4m3fn with an FP32 absmax scale
+(``fp8_e4m3_block256``, torchao's AdamWFp8), float8_e4m3fn with Transformer Engine's
+per-tensor current scaling (``e4m3_tensor``, ``e4m3_tensor_pow2``: MS-AMP's FP8 first moment;
+one block, one piece). Everything else takes
 the generic path; :func:`encode_state` and :func:`decode_state` serve it for the recipes above.
 The stored codes and scales are updated in place. A large tensor is updated piece by piece
 (:func:`pieces`, each piece one task of the replay's thread pool); the split depends on the
@@ -37,10 +39,11 @@ import numpy as np
 
 from .. import _compiled
 from .._compiled import Backend
+from .._compiled.kinds import scaled_state
 from ..emulate import element as emulate
 from ..emulate.blocks import BlockCodes, block_geometry, compiled_codebook, nearest_buckets
 from ..emulate.scale_rules import codebook_lut
-from ..formats import RECIPES, BlockFormat, Codebook, RoundMode, ScaleRule, get_format
+from ..formats import BlockFormat, Codebook, RoundMode
 from ..formats.codes import StateKind
 from . import optim
 from .qmap import QMapBlocks, qmap_buckets
@@ -61,8 +64,6 @@ class FusedStep(NamedTuple):
     stats: dict[str, tuple[int, int, float, float]]
 
 
-_E4M3 = get_format("float8_e4m3fn")
-_INT8 = RECIPES["int8_block256"].element  # int8, symmetric (-127..127)
 _DUMMY = (np.zeros(1, np.uint8), np.zeros(1, _F32))  # bucket tables of kinds without them
 _NONE = np.zeros(0, _F32)  # the reference moments of a step without statistics
 
@@ -104,21 +105,10 @@ def _state(bf: Any, shape: tuple) -> _State | None:
                 StateKind.CODEBOOK_LUT, block, _values(el), codebook_lut(el), _DUMMY[1], _F32(0), _F32(1)
             )
         return _State(StateKind.CODEBOOK, block, _values(el), *nearest_buckets(el.table), _F32(0), _F32(1))
-    kind = _scaled_kind(bf, per_tensor)
+    kind = scaled_state(bf, per_tensor)  # the loops' scaled kinds: fpsim._compiled.kinds
     if kind is None:
         return None
     return _State(kind, block, _values(bf.element), *_DUMMY, _F32(bf.eps), _F32(bf.elem_max))
-
-
-def _scaled_kind(bf: BlockFormat, per_tensor: bool) -> StateKind | None:
-    """The kind of a recipe with a float32 scale and an int8 or float8_e4m3fn element, or None."""
-    if bf.scale_format.name != "float32":
-        return None
-    if bf.rule is ScaleRule.ABSMAX:
-        return {_INT8: StateKind.INT8_ABSMAX, _E4M3: StateKind.E4M3_ABSMAX}.get(bf.element)
-    if bf.rule is ScaleRule.TE and per_tensor and bf.element == _E4M3:  # Transformer Engine current scaling
-        return StateKind.TE_POW2 if bf.pow2 else StateKind.TE
-    return None
 
 
 @functools.cache

@@ -12,6 +12,7 @@ from oracles import with_nans
 
 import fpsim
 from fpsim import Backend, _compiled
+from fpsim._compiled.kinds import SCALED_STATES, scaled_state
 from fpsim.emulate.blocks import compiled_codebook, encode_decode_blocks
 from fpsim.formats import RECIPES, BlockFormat, Codebook
 from fpsim.replay import fused as _fused
@@ -329,6 +330,18 @@ def test_fused_step_equals_generic_path(optimizer, recipes, n, finite):
         assert _fused.decode_state(formats[st], e, NUMPY) is None
 
 
+def test_every_scaled_state_kind_is_checked_against_numpy():
+    """Each kind of the table the fused step reads (SCALED_STATES) has a recipe in
+    FUSED_RECIPES, so test_fused_step_equals_generic_path compares it with the numpy tier."""
+    recipes = [fpsim.get_format(r) for pair in FUSED_RECIPES for r in pair]
+    checked = {
+        scaled_state(bf, bf.block is None and not bf.flatten)
+        for bf in recipes
+        if not isinstance(bf.element, Codebook)
+    }
+    assert {k for s in SCALED_STATES.values() for k in (s.kind, s.pow2_kind)} <= checked
+
+
 def test_fused_step_declines_what_it_does_not_cover():
     """Other block sizes per moment, other scale rules (MX, Transformer Engine), SGD,
     torch's square root, the numpy backend: None (the replay then
@@ -350,6 +363,7 @@ def test_fused_step_declines_what_it_does_not_cover():
     assert attempt("mxfp8_e4m3", "mxfp8_e4m3") is None
     assert attempt("e4m3_block128", "e4m3_block128") is None
     assert attempt("mxint8", "int8_block256") is None
+    assert attempt("e5m2_tensor", "e4m3_tensor") is None  # TE with an element the loops lack
     cpu = fpsim.replay.PRESETS["bnb-8bit-cpu"]
     assert attempt(cpu.m, cpu.v) is not None  # the lookup table: tests/replay/test_compiled_states.py
     assert attempt("bnb_dynamic8_block256", "bnb_dynamic8u_block256", SGD()) is None
