@@ -23,13 +23,38 @@ bit, ``np.matmul`` of the operands ``fpsim.quantize`` gives on the numpy tier, a
 path with its FP32 matmul swapped for that ``np.matmul`` gives the same bits for the same
 inputs, layer name and step.
 
-Delayed scaling (``fp8-delayed``) carries a per-role state stepped at each step; this
-stateless function refuses it (use ``fp8-current``, or the torch path, which keeps the state).
+Delayed scaling (``fp8-delayed``, TE's DelayedScaling) carries a state per role: the amax
+history and the scale of :class:`fpsim.DelayedState`, here as arrays (:class:`RoleState`, one
+per delayed role in a :class:`DelayedStates` pytree, :func:`init_state`). ``dense`` then takes
+the state as a fourth argument and casts each role with its scale, by
+:func:`fpsim.train.gemm.delayed_cast` (the torch path's code): input and weight once in the
+forward (the backward reuses those casts, transposed), grad_output once in the backward.
+The next state comes back as the *gradient* of the state argument ("overwrite with gradient",
+as Flax's FP8 ops and TE-JAX carry their FP8 metadata: a custom VJP cannot return other
+outputs from the backward): differentiate with respect to the state too and take that
+gradient as the new state instead of applying it::
+
+    dense = linear("fp8-delayed", name="fc")
+    state = init_state("fp8-delayed")
+
+    @jax.jit
+    def train_step(w, state, x, t, step):
+        loss = lambda w, state: jnp.mean((dense(x, w, step, state) - t) ** 2)
+        l, (dw, state) = jax.value_and_grad(loss, argnums=(0, 1))(w, state)
+        return w - 0.01 * dw, state, l
+
+A forward alone (no gradient taken) does not step the state. ``jax.vmap`` of ``dense`` is
+not supported (``jax.pure_callback`` refuses it, named). Each state belongs to one
+``dense`` call per step: a state passed to two calls would get the sum of two new states.
+Tested (tests/train/test_jax_gemm.py): over 20 jitted steps, y, dx, dW, the amax histories and
+the scales equal the torch path's (its matmul swapped for ``np.matmul``) and those of
+:class:`fpsim.DelayedScaling` stepped by hand, bit for bit.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -37,11 +62,11 @@ import numpy as np
 
 from .._compiled import Backend
 from ..emulate.blocks import block_geometry
-from ..emulate.delayed import DelayedScaling
+from ..emulate.delayed import DelayedScaling, DelayedState
 from ..formats import BlockFormat
-from .gemm import ROLES, Gemm, GemmRecipe, gemm, module_operand, resolve_recipe
+from .gemm import ROLES, Gemm, GemmRecipe, delayed_cast, gemm, module_operand, resolve_recipe
 
-__all__ = ["linear"]
+__all__ = ["DelayedStates", "RoleState", "init_state", "linear"]
 
 _F32 = np.float32
 
@@ -56,10 +81,58 @@ _OPERANDS = (
 """The six quantized operands: fprop's two, then the backward's four."""
 
 
+class RoleState(NamedTuple):
+    """One role's delayed-scaling state as arrays: :class:`fpsim.DelayedState`'s amax history
+    (float32, newest slot first) and scale (a float32 scalar)."""
+
+    history: jax.Array
+    scale: jax.Array
+
+
+class DelayedStates(NamedTuple):
+    """The delayed-scaling state of one :func:`linear`: a :class:`RoleState` per role whose
+    format is a :class:`fpsim.DelayedScaling`, None for the others (a pytree of arrays)."""
+
+    input: RoleState | None = None
+    weight: RoleState | None = None
+    grad_output: RoleState | None = None
+
+
+def _delayed_roles(recipe: GemmRecipe) -> list[str]:
+    return [r for r in ROLES if isinstance(recipe.operand(r).format, DelayedScaling)]
+
+
+def init_state(recipe: GemmRecipe | str) -> DelayedStates:
+    """The state before the first step of ``recipe``'s delayed roles: zero histories, scale 1
+    (:meth:`fpsim.DelayedScaling.init`).
+
+    Raises:
+        ValueError: an unknown recipe, or one without delayed scaling (named).
+    """
+    recipe = resolve_recipe(recipe)
+    roles = _delayed_roles(recipe)
+    if not roles:
+        raise ValueError(f"recipe {recipe.name!r} has no delayed scaling: its dense takes no state")
+    states = {}
+    for r in roles:
+        st = recipe.operand(r).format.init()
+        states[r] = RoleState(jnp.asarray(st.history, jnp.float32), jnp.asarray(st.scale, jnp.float32))
+    return DelayedStates(**states)
+
+
 def _quantize(a: np.ndarray, recipe: GemmRecipe, role: str, g: Gemm, name: str, step: int, backend: Backend):
     """``a`` (oriented: contraction axis last) as GEMM ``g`` reads it: the torch layer's
     :func:`fpsim.train.gemm.module_operand`."""
     return module_operand(np.ascontiguousarray(a, _F32), recipe, role, g, name, step, backend)[0]
+
+
+def _delayed(
+    a: np.ndarray, policy: DelayedScaling, st: RoleState, backend: Backend
+) -> tuple[np.ndarray, RoleState]:
+    """One step of delayed scaling of ``a`` on the host: :func:`fpsim.train.gemm.delayed_cast`."""
+    state = DelayedState(np.array(st.history, _F32), float(_F32(st.scale)))
+    q, new, _ = delayed_cast(np.ascontiguousarray(a, _F32), policy, state, backend=backend)
+    return q, RoleState(new.history, _F32(new.scale))
 
 
 def _check(recipe: GemmRecipe, name: str, m: int, n: int, k: int) -> None:
@@ -86,38 +159,65 @@ def _check(recipe: GemmRecipe, name: str, m: int, n: int, k: int) -> None:
             raise ValueError(f"{name}: {role} in {g.value} {shape} under {op.name}: {e}") from None
 
 
+def _check_state(recipe: GemmRecipe, name: str, state: DelayedStates | None) -> None:
+    """Refuse a state that is missing, not wanted, or not shaped as :func:`init_state`'s."""
+    roles = _delayed_roles(recipe)
+    if not roles:
+        if state is not None:
+            raise ValueError(f"{name}: recipe {recipe.name!r} has no delayed scaling; pass no state")
+        return
+    if not isinstance(state, DelayedStates):
+        raise ValueError(
+            f"{name}: recipe {recipe.name!r} scales {', '.join(roles)} with delayed scaling: pass "
+            f"dense(x, w, step, state) with a DelayedStates (fpsim.train.jax_gemm.init_state), got "
+            f"{type(state).__name__}"
+        )
+    for r in ROLES:
+        st = getattr(state, r)
+        if r not in roles:
+            if st is not None:
+                raise ValueError(
+                    f"{name}: the state has a {r} entry, which {recipe.name!r} does not scale by delay"
+                )
+            continue
+        n = recipe.operand(r).format.history_len
+        shapes = None if st is None else [(jnp.shape(a), jnp.result_type(a)) for a in st]
+        if shapes != [((n,), jnp.float32), ((), jnp.float32)]:
+            raise ValueError(
+                f"{name}: the {r} state must be a RoleState of a float32 history of {n} and a float32 "
+                f"scalar scale (init_state({recipe.name!r})), got {shapes}"
+            )
+
+
 def linear(
     recipe: GemmRecipe | str, *, name: str = "linear", backend: Backend | str = "auto"
-) -> Callable[[jax.Array, jax.Array, jax.Array | int], jax.Array]:
-    """An emulated ``dense(x, w, step) -> x @ w.T`` whose three GEMMs run in ``recipe`` (module doc).
+) -> Callable[..., jax.Array]:
+    """An emulated ``dense(x, w, step[, state]) -> x @ w.T`` whose three GEMMs run in ``recipe``
+    (module doc).
 
     ``x``: float32 ``(..., K)``; ``w``: float32 ``(N, K)`` (torch's ``nn.Linear`` layout);
     ``step``: the step (an int or int32 scalar, traced under ``jax.jit``), the torch module's
     ``module.step`` (1 at its first forward): with ``name`` it draws the stochastic rounding
-    words. ``jax.grad``/``jax.vjp`` give dx and dW from the emulated dgrad and wgrad; ``step``
-    has no gradient. Works under ``jax.jit`` (the quantization runs on the host).
+    words. ``state``: with delayed scaling, the :class:`DelayedStates` of the step
+    (:func:`init_state` at the first), whose gradient is the next one; otherwise none.
+    ``jax.grad``/``jax.vjp`` give dx and dW from the emulated dgrad and wgrad; ``step`` has no
+    gradient. Works under ``jax.jit`` (the quantization runs on the host).
 
     Args:
-        recipe: a preset name of :data:`fpsim.train.gemm.GEMM_RECIPES` or a GemmRecipe without
-            delayed scaling.
+        recipe: a preset name of :data:`fpsim.train.gemm.GEMM_RECIPES` or a GemmRecipe.
         name: the layer's name (the torch module's name in the model; ``convert`` of a bare
             ``nn.Linear`` names it ``"linear"``).
         backend: where the emulator's loops run (:class:`fpsim.Backend`).
 
     Raises:
-        ValueError: an unknown recipe, a recipe with delayed scaling (named), or at the call
-            (tracing) inputs that are not float32, a ``w`` that is not 2-D, a feature count
-            that differs from ``w``'s, a shape an operand's format refuses (named).
+        ValueError: an unknown recipe, or at the call (tracing) inputs that are not float32, a
+            ``w`` that is not 2-D, a feature count that differs from ``w``'s, a shape an
+            operand's format refuses, a state missing, unwanted or shaped unlike
+            :func:`init_state`'s (named).
     """
     recipe, backend = resolve_recipe(recipe), Backend.resolve(backend)
-    delayed = [r for r in ROLES if isinstance(recipe.operand(r).format, DelayedScaling)]
-    if delayed:
-        raise ValueError(
-            f"recipe {recipe.name!r} uses delayed scaling for {', '.join(delayed)}, which needs a "
-            "state stepped at every step; fpsim.train.jax_gemm.linear is stateless: use a "
-            "current-scaling recipe (fp8-current) or the torch path (fpsim.train.torch.convert)"
-        )
     spec = recipe.accumulate
+    policy = {r: recipe.operand(r).format for r in _delayed_roles(recipe)}
 
     def host_gemm(a, b):
         a, b = np.ascontiguousarray(a, _F32), np.ascontiguousarray(b, _F32)
@@ -128,33 +228,66 @@ def linear(
         out = jax.ShapeDtypeStruct((a.shape[0], b.shape[0]), jnp.float32)
         return jax.pure_callback(host_gemm, out, a, b)
 
-    def quantized(keys, *arrays_and_step):
-        """The operands ``keys`` of the oriented arrays, quantized on the host."""
-        *arrays, step = arrays_and_step
+    def quantized(keys, arrays, step, states):
+        """The operands ``keys`` of the oriented ``arrays``, quantized on the host, and the next
+        state of each delayed role among them (``states``: the role's RoleState, or None)."""
 
-        def host(*args):
-            *xs, s = args
-            return tuple(_quantize(a, recipe, *k, name, int(s), backend) for k, a in zip(keys, xs))
+        def host(xs, s, sts):
+            out, new = [], []
+            for (role, g), a, st in zip(keys, xs, sts):
+                if st is None:
+                    out.append(_quantize(a, recipe, role, g, name, int(s), backend))
+                else:
+                    q, nst = _delayed(a, policy[role], st, backend)
+                    out.append(q)
+                    new.append(nst)
+            return tuple(out), tuple(new)
 
-        out = tuple(jax.ShapeDtypeStruct(a.shape, jnp.float32) for a in arrays)
-        return jax.pure_callback(host, out, *arrays, step)
+        f32 = lambda a: jax.ShapeDtypeStruct(jnp.shape(a), jnp.float32)  # noqa: E731
+        new = tuple(RoleState(f32(st.history), f32(st.scale)) for st in states if st is not None)
+        out = (tuple(f32(a) for a in arrays), new)
+        return jax.pure_callback(host, out, tuple(arrays), step, tuple(states))
 
     @jax.custom_vjp
-    def dense2(x2, w, step):
-        xq, wq = quantized(_OPERANDS[:2], x2, w, step)
-        return mm(xq, wq)
+    def dense2(x2, w, step, state):
+        return fwd(x2, w, step, state)[0]
 
-    def fwd(x2, w, step):
-        return dense2(x2, w, step), (x2, w, step)
+    def fwd(x2, w, step, state):
+        st = DelayedStates() if state is None else state
+        (xq, wq), new = quantized(_OPERANDS[:2], (x2, w), step, (st.input, st.weight))
+        new = iter(new)
+        new_in = next(new) if st.input is not None else None
+        new_w = next(new) if st.weight is not None else None
+        keep = (None if new_in is None else xq, None if new_w is None else wq)
+        return mm(xq, wq), (x2, w, step, state, keep, new_in, new_w)
 
     def bwd(res, dy):
-        x2, w, step = res
-        gq_d, wq_d, gq_w, xq_w = quantized(_OPERANDS[2:], dy, w.T, dy.T, x2.T, step)
-        return mm(gq_d, wq_d), mm(gq_w, xq_w), None
+        x2, w, step, state, (xq, wq), new_in, new_w = res
+        g_st = None if state is None else state.grad_output
+        want = [(_OPERANDS[2], dy, g_st)]  # the delayed casts of the forward serve the backward
+        if wq is None:
+            want.append((_OPERANDS[3], w.T, None))
+        if g_st is None:
+            want.append((_OPERANDS[4], dy.T, None))
+        if xq is None:
+            want.append((_OPERANDS[5], x2.T, None))
+        keys, arrays, sts = zip(*want)
+        qs, new = quantized(keys, arrays, step, sts)
+        qs = iter(qs)
+        gq_d = next(qs)
+        wq_d = next(qs) if wq is None else wq.T
+        gq_w = next(qs) if g_st is None else gq_d.T
+        xq_w = next(qs) if xq is None else xq.T
+        d_state = (
+            None if state is None else DelayedStates(new_in, new_w, new[0] if g_st is not None else None)
+        )
+        return mm(gq_d, wq_d), mm(gq_w, xq_w), None, d_state
 
     dense2.defvjp(fwd, bwd)
 
-    def dense(x: jax.Array, w: jax.Array, step: jax.Array | int) -> jax.Array:
+    def dense(
+        x: jax.Array, w: jax.Array, step: jax.Array | int, state: DelayedStates | None = None
+    ) -> jax.Array:
         dt = [getattr(a, "dtype", type(a).__name__) for a in (x, w)]
         if any(d != np.float32 for d in dt):  # checked before jnp.asarray casts float64 down
             raise ValueError(f"{name}: emulated GEMMs take float32 inputs and weights, got {dt[0]} / {dt[1]}")
@@ -166,9 +299,10 @@ def linear(
             raise ValueError(f"{name}: input has {x.shape[-1]} features, the weight {k}")
         m = int(np.prod(x.shape[:-1], dtype=np.int64))
         _check(recipe, name, m, n, k)
+        _check_state(recipe, name, state)
         step = jnp.asarray(step, jnp.int32)
         if step.shape != ():
             raise ValueError(f"{name}: step must be a scalar, got shape {step.shape}")
-        return dense2(x.reshape(m, k), w, step).reshape(*x.shape[:-1], n)
+        return dense2(x.reshape(m, k), w, step, state).reshape(*x.shape[:-1], n)
 
     return dense

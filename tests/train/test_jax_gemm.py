@@ -20,7 +20,7 @@ import fpsim  # noqa: E402
 from fpsim.emulate.random import random_bits_at  # noqa: E402
 from fpsim.train import gemm as G  # noqa: E402
 from fpsim.train.gemm import GEMM_RECIPES, Gemm, operand_seed  # noqa: E402
-from fpsim.train.jax_gemm import linear  # noqa: E402
+from fpsim.train.jax_gemm import init_state, linear  # noqa: E402
 
 F32 = np.float32
 STATELESS = ["bf16", "fp8-current", "fp8-block", "mxfp8", "nvfp4"]
@@ -139,10 +139,8 @@ def test_same_bits_as_the_torch_path(name, monkeypatch):
 
 
 def test_refusals():
-    """Delayed scaling, wrong dtypes, shapes and a contraction 16 does not divide under the
-    Hadamard transform are refused, named."""
-    with pytest.raises(ValueError, match="fp8-delayed.*delayed scaling.*fp8-current"):
-        linear("fp8-delayed")
+    """Wrong dtypes, shapes, a contraction 16 does not divide under the Hadamard transform and
+    states that do not fit the recipe are refused, named."""
     with pytest.raises(ValueError, match="unknown GEMM recipe"):
         linear("fp8")
     dense = linear("mxfp8")
@@ -155,6 +153,18 @@ def test_refusals():
         dense(x, w[None], 1)
     with pytest.raises(ValueError, match=r"linear: grad_output in wgrad \(16, 20\) under .*divisible by 16"):
         linear("nvfp4")(np.ones((20, 32), F32), np.ones((16, 32), F32), 1)
+    delayed, state = linear("fp8-delayed"), init_state("fp8-delayed")
+    with pytest.raises(ValueError, match=r"delayed scaling: pass dense\(x, w, step, state\).*init_state"):
+        delayed(x, w, 1)
+    with pytest.raises(ValueError, match="'mxfp8' has no delayed scaling; pass no state"):
+        dense(x, w, 1, state)
+    with pytest.raises(ValueError, match="has no delayed scaling"):
+        init_state("mxfp8")
+    short = state._replace(weight=init_state(G.fp8_delayed(history_len=8)).weight)
+    with pytest.raises(ValueError, match=r"weight state must be .* history of 1024"):
+        delayed(x, w, 1, short)
+    with pytest.raises(ValueError, match="grad_output state must be"):
+        delayed(x, w, 1, state._replace(grad_output=None))
 
 
 def test_emulated_accumulator_is_the_torch_paths():
@@ -185,3 +195,59 @@ def test_emulated_accumulator_is_the_torch_paths():
     want = fpsim.matmul(q("input", Gemm.FPROP, x), q("weight", Gemm.FPROP, w).T, accumulator=14)
     assert _same(y, want)
     assert not _same(y, _mm(q("input", Gemm.FPROP, x), q("weight", Gemm.FPROP, w)))
+
+
+@pytest.mark.parametrize("algo", ["max", "most_recent"])
+def test_delayed_scaling_steps_as_the_torch_path(algo, monkeypatch):
+    """fp8-delayed, state carried as the gradient of the state argument: over 20 jitted training
+    steps (the input's scale moving by powers of two, one step of zero gradient that must not
+    roll the history) y, dx, dW, every role's amax history and scale equal the torch path's
+    (its matmul swapped for np.matmul) and fpsim.DelayedScaling stepped here on the same
+    tensors, bit for bit; y equals the matmul of those hand-stepped casts."""
+    torch = pytest.importorskip("torch")
+    from fpsim.train import linear as L
+    from fpsim.train.torch import convert
+
+    monkeypatch.setattr(L, "_gemm", lambda a, b, mod: torch.from_numpy(_mm(a, b)))
+    recipe = G.fp8_delayed(history_len=4, amax_compute_algo=algo, margin=1)
+    rng = np.random.default_rng(8)
+    w = rng.standard_normal((16, 32)).astype(F32)
+    lin = torch.nn.Linear(32, 16, bias=False)
+    with torch.no_grad():
+        lin.weight.copy_(torch.tensor(w))
+    lin = convert(lin, recipe)
+    dense, state = linear(recipe), init_state(recipe)
+    ref = {r: recipe.operand(r).format.init() for r in G.ROLES}
+
+    @jax.jit
+    def step_fn(w, state, x, dy, step):
+        y, vjp = jax.vjp(lambda x, w, state: dense(x, w, step, state), x, w, state)
+        dx, dw, new_state = vjp(dy)
+        return y, dx, dw, new_state
+
+    def cast(role, a):
+        pol = recipe.operand(role).format
+        enc, ref[role] = pol.step(ref[role], a)
+        return (fpsim.decode(enc.codes, pol.element) * enc.scales.view(F32)[0]).astype(F32)
+
+    for step in range(1, 21):
+        x = (rng.standard_normal((2, 8, 32)) * 2.0 ** (step % 6 - 3)).astype(F32)
+        dy = rng.standard_normal((2, 8, 16)).astype(F32) * F32(step != 9)
+        y, dx, dw, state = step_fn(w, state, x, dy, step)
+        xt = torch.tensor(x, requires_grad=True)
+        yt = lin(xt)
+        yt.backward(torch.tensor(dy))
+        assert _same(y, yt.detach().numpy()) and _same(dx, xt.grad.numpy()), step
+        assert _same(dw, lin.weight.grad.numpy()), step
+        qx, qw = cast("input", x.reshape(-1, 32)), cast("weight", w)
+        cast("grad_output", dy.reshape(-1, 16))
+        assert _same(np.asarray(y).reshape(-1, 16), _mm(qx, qw)), step
+        for role, got in zip(G.ROLES, state):
+            for want in (lin.delayed[role], ref[role]):
+                assert _same(got.history, want.history) and _same(got.scale, F32(want.scale)), (step, role)
+        w = w - F32(0.05) * np.asarray(dw)
+        with torch.no_grad():
+            lin.weight.copy_(torch.tensor(w))
+        lin.weight.grad = None
+    assert all(float(st.scale) != 1.0 for st in state)  # the scales moved
+    assert np.count_nonzero(np.asarray(state.grad_output.history)) >= 2
