@@ -122,18 +122,20 @@ def _compiled_step(
     (:func:`fpsim._compiled.fallback`, the case named after ``what``): an array is not a
     float32 C-contiguous array of ``ins[0]``'s shape, or an output overlaps an input."""
     shape = np.shape(ins[0])
-    if outs is None and all(np.shape(a) == shape for a in ins):
-        outs = tuple(np.empty(shape, _F32) for _ in ins[1:])  # p and the states
-    why = _not_flat(ins, outs, shape)
+    fresh = outs is None and all(np.shape(a) == shape for a in ins)
+    if fresh:  # p and the states, new: they overlap nothing
+        outs = tuple(np.empty(shape, _F32) for _ in ins[1:])
+    why = _not_flat(ins, outs, shape, overlap=not fresh)
     if why is not None:
         _compiled.fallback(f"{what} on {why}")
         return None
-    loop(*_compiled.flat32(*ins), *_compiled.flat32(*outs), *scalars)
+    loop(*(a.reshape(-1) for a in ins), *(a.reshape(-1) for a in outs), *scalars)
     return tuple(outs)
 
 
-def _not_flat(ins: tuple, outs: tuple | None, shape: tuple) -> str | None:
-    """Why the compiled loops cannot take these arrays (None: they can)."""
+def _not_flat(ins: tuple, outs: tuple | None, shape: tuple, *, overlap: bool = True) -> str | None:
+    """Why the compiled loops cannot take these arrays (None: they can); ``overlap``: check
+    that no output shares memory with an input."""
     if outs is None or any(np.shape(a) != shape for a in (*ins, *outs)):
         return "arrays of different shapes (broadcast)"
     for a in (*ins, *outs):
@@ -141,7 +143,7 @@ def _not_flat(ins: tuple, outs: tuple | None, shape: tuple) -> str | None:
             return f"{type(a).__name__ if not isinstance(a, np.ndarray) else a.dtype} arrays (not float32)"
         if not a.flags.c_contiguous:
             return "arrays that are not C-contiguous"
-    if any(np.shares_memory(o, a) for o in outs for a in ins):
+    if overlap and any(np.shares_memory(o, a) for o in outs for a in ins):
         return "outputs that overlap the inputs"
     return None
 

@@ -54,10 +54,13 @@ def resolve_config(config: ReplayConfig | str) -> ReplayConfig:
     return config
 
 
-def pack(cfg: ReplayConfig, name: str, size: int, stored: dict[str, Any]) -> dict[str, np.ndarray]:
+def pack(
+    cfg: ReplayConfig, name: str, size: int, stored: dict[str, Any], backend: Backend = Backend.NUMPY
+) -> dict[str, np.ndarray]:
     """The stored states of a tensor as plain arrays under their keys: ``<state>`` (float32),
     ``<state>.codes`` (element codes; block recipes uint8) and ``<state>.scales`` (uint32 bits of
-    the float32 block scales, or uint8 scale codes)."""
+    the float32 block scales, or uint8 scale codes). The element codes are encoded on
+    ``backend`` (the values are exact in the format: every backend gives the same codes)."""
     out = {}
     for st, enc in stored.items():
         fmt = cfg.state_storage(st, name, size)
@@ -70,7 +73,9 @@ def pack(cfg: ReplayConfig, name: str, size: int, stored: dict[str, Any]) -> dic
         elif not is_quantized(fmt):
             out[st] = enc
         elif isinstance(fmt, Format) and fmt.bits <= 16:
-            out[f"{st}.codes"] = emulate.encode(enc, fmt)
+            out[f"{st}.codes"] = emulate.encode_array(
+                emulate.as_float_array(enc)[1], fmt, RoundMode.NEAREST_EVEN, backend=backend
+            )
         elif isinstance(fmt, IntFormat):
             out[f"{st}.codes"] = np.asarray(enc)
         else:  # wider element formats: their float32 values
@@ -127,7 +132,7 @@ def init_tensor(
         st: store_and_load(cfg.state_storage(st, name, p.size), zeros, backend)[0] for st in optimizer.states
     }
     comp = np.zeros(p.shape, _F32) if cfg.kahan else None
-    return master, pack(cfg, name, p.size, stored), comp
+    return master, pack(cfg, name, p.size, stored, backend), comp
 
 
 @dataclass
@@ -200,4 +205,4 @@ def step_tensor(
     if s is not None:
         tensor_stats(s, out.p_f32, master, out.master, out.master, master, backend)
         stats.add(name, s)
-    return out.master, pack(cfg, name, g.size, out.states), out.comp
+    return out.master, pack(cfg, name, g.size, out.states, backend), out.comp

@@ -192,8 +192,9 @@ def _put(state: dict, packed: dict[str, np.ndarray], device) -> None:
         a = np.ascontiguousarray(a)
         signed = _UNSIGNED.get(a.dtype)
         old = state.get(k)
-        if old is not None and old.device.type == "cpu" and np.shares_memory(_as_numpy(old), a):
-            continue  # updated in place
+        ptr = a.__array_interface__["data"][0]
+        if old is not None and old.device.type == "cpu" and old.data_ptr() == ptr and old.nbytes == a.nbytes:
+            continue  # updated in place (the same memory)
         state[k] = torch.from_numpy(a.view(signed) if signed is not None else a).to(device)
 
 
