@@ -26,6 +26,8 @@ Modules:
     format_args: an element format as the kernels take it, one runtime and one constexpr
         tuple (:class:`~fpsim.kernels.format_args.FormatArgs`, ``FormatPaths``), and a block
         recipe's scale numbers (``ScaleArgs``).
+    block_args: the block kernel's arguments as typed tuples (the tiling, the recipe's formats
+        and scale numbers, its code paths).
     optim_args: the fused optimizer kernel's arguments as typed tuples (tensors, numbers and
         code paths of the master copy and of each state, the step's scalars).
     validate: the bit-exact validation harness (a package): ``validate``, ``validate_all``

@@ -98,7 +98,7 @@ under its own name and :attr:`~fpsim.formats.ScaleRule.code`, and CODEBOOK."""
 Rule.__module__ = __name__
 
 BLOCK_KERNEL_RULES = frozenset(ScaleRule)
-"""The scale rules whose arithmetic the block kernel has (``_blocks_portable.py``); the host
+"""The scale rules whose arithmetic the block kernel has (``_blocks_kernel.py``); the host
 refuses the others (:func:`rule_code`) instead of running another rule's branch."""
 
 

@@ -32,13 +32,13 @@ from typing import NamedTuple
 
 import numpy as np
 
-from fpsim.formats import AnyFormat, BlockFormat, Encoding, Format, IntFormat, RoundMode
+from fpsim.formats import AnyFormat, BlockFormat, Codebook, Encoding, Format, IntFormat, RoundMode
 
 from ._codes import Overflow, overflow_code
 from .arguments import i32
 
 __all__ = ["FormatArgs", "FormatPaths", "ScaleArgs"]
-__all__ += ["f32_bits", "format_args", "rounding_codes", "scale_args"]
+__all__ += ["element_args", "f32_bits", "format_args", "rounding_codes", "scale_args"]
 
 
 class FormatArgs(NamedTuple):
@@ -173,6 +173,17 @@ def format_args(
         EMIN_LOW=fmt.min_exponent < -126,
     )
     return args, paths
+
+
+def element_args(bf: BlockFormat) -> tuple[FormatArgs, FormatPaths]:
+    """The tuples of ``bf``'s element format as a block encode casts the scaled elements:
+    saturating, subnormal results flushed where the element has none
+    (:func:`fpsim.emulate.blocks.encode_blocks`); placeholders for a codebook, whose kernels
+    look the nearest entry up instead of casting."""
+    el = bf.element
+    if isinstance(el, Codebook):
+        return FormatArgs(), FormatPaths()
+    return format_args(el, saturate=True, ftz=not getattr(el, "subnormals", True))
 
 
 def rounding_codes(fmt: AnyFormat, mode: RoundMode) -> tuple[int, int]:

@@ -26,7 +26,15 @@ from fpsim.formats import BlockFormat, Codebook, Format, RoundMode
 from fpsim.replay.optim import Adam
 
 from ._codes import Decay, Source, StateKind, state_kind
-from .format_args import FormatArgs, FormatPaths, ScaleArgs, format_args, rounding_codes, scale_args
+from .format_args import (
+    FormatArgs,
+    FormatPaths,
+    ScaleArgs,
+    element_args,
+    format_args,
+    rounding_codes,
+    scale_args,
+)
 
 __all__ = [
     "AdamArgs",
@@ -163,8 +171,7 @@ def state_args(bf: BlockFormat | None) -> tuple[StateArgs, StatePaths]:
     kind = int(state_kind(bf))
     if bf is None or isinstance(bf.element, Codebook):
         return StateArgs(), StatePaths(KIND=kind)
-    el = bf.element
-    fa, fp = format_args(el, saturate=True, ftz=not getattr(el, "subnormals", True))
+    fa, fp = element_args(bf)
     return StateArgs(fa, scale_args(bf)), StatePaths(KIND=kind, FMT=fp)
 
 

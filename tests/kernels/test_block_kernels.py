@@ -219,34 +219,32 @@ def test_block_kernel_compiles_for_sm90(name, rounding):
 
     triton = pytest.importorskip("triton")
     try:
-        from triton.backends.compiler import GPUTarget
+        from triton._C.libtriton import native_specialize_impl
+        from triton.backends.compiler import BaseBackend, GPUTarget
         from triton.compiler import ASTSource
     except ImportError:  # pragma: no cover - older triton
         pytest.skip("this triton has no ASTSource/GPUTarget")
     from fpsim.formats import RoundMode
+    from fpsim.kernels._codes import Random
     from fpsim.kernels._loader import kernel_module
+    from fpsim.kernels.block_args import block_args, tiling
 
     bf = RECIPES[name]
     mode = RoundMode.parse(rounding)
-    fn = kernel_module("_blocks_portable", interpret=False).block_kernel
-    rt, ce = blocks._kernel_args(bf, mode, 32)
-    scale8 = bf.scale_format.bits == 8
-    ce.update(
-        POW2=bf.pow2,
-        TAMAX=bf.block is None or bf.rule is ScaleRule.NVFP4,
-        ONE_SCALE=bf.block is None,
-        RAND=int(mode is RoundMode.STOCHASTIC),
-        SCALE8=scale8,
-        NMID=256,
-        NMID_LOG2=8 if "bnb" in name else 0,
-        BRP=4 if "tile" in name else 1,
-        BCP=32,
-    )
+    fn = kernel_module("_blocks_kernel", interpret=False).block_kernel
+    args = block_args(bf, mode, Random.LOADED if mode is RoundMode.STOCHASTIC else Random.NONE)
+    scale8 = args.P.SCALE8
+    consts = dict(P=args.P, BRP=4 if "tile" in name else 1, BCP=32)  # a smaller tile than a launch's
     types = {"x_ptr": "*i32", "r_ptr": "*i32", "code_ptr": "*u8", "scale_ptr": "*u8" if scale8 else "*i32"}
     types.update(tamax_ptr="*i32", mid_ptr="*fp32")
     names = fn.arg_names
-    sig = {n: ("constexpr" if n in ce else types.get(n, "i32")) for n in names}
-    cidx = {(names.index(k),): v for k, v in ce.items()}
+    cidx = {(names.index(k),): v for k, v in consts.items()}
+    runtime = dict(grid=tiling(_shape(bf), bf, 1 << 14).grid, fmt=args.fmt, scale=args.scale, s8=args.s8)
+    for arg, value in runtime.items():  # the tuples' fields specialised as a launch does
+        ty, keys = native_specialize_impl(BaseBackend, value, False, True, True)
+        types[arg] = ty
+        cidx.update({(names.index(arg), j): k for j, (t, k) in enumerate(zip(ty, keys)) if t == "constexpr"})
+    sig = {n: ("constexpr" if n in consts else types.get(n, "i32")) for n in names}
     try:
         k = triton.compile(
             ASTSource(fn=fn, signature=sig, constexprs=cidx),

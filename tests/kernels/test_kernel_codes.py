@@ -18,11 +18,11 @@ from fpsim.kernels._loader import kernel_module  # noqa: E402
 from fpsim.kernels.format_args import format_args, rounding_codes  # noqa: E402
 
 # the enums whose constants each kernel file compares with (a kernel file may name a constant of
-# another numbering alike, e.g. _blocks_portable's _CODEBOOK is Rule.CODEBOOK)
+# another numbering alike, e.g. _blocks_kernel's _CODEBOOK is Rule.CODEBOOK)
 READS = {
     "_intcast": (RoundMode, Encoding),
     "_accumulate_portable": (RoundMode,),
-    "_blocks_portable": (RoundMode, Encoding),
+    "_blocks_kernel": (RoundMode, Encoding),
     "_optim_kernel": (shared.StateKind, shared.Decay),
 }
 COVERS = {  # the constants each file must have: the members its kernels branch on
