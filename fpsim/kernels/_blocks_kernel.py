@@ -6,7 +6,8 @@ Ports :func:`fpsim.emulate.blocks.encode_blocks`: one program instance per block
 bits (exact, independent of the device's float max and its NaN convention), the scale in
 float32 scalar arithmetic in the emulator's order (``tl.math.div_rn`` for every division:
 Triton's plain ``/`` is an approximate division on NVIDIA GPUs; fma contraction is turned
-off at launch), and the element cast with the integer helpers of ``_intcast.py``.
+off at launch), and the element cast with the integer helpers of ``_intcast.py``; the ABSMAX and codebook
+arithmetic is ``_blockscale.py``'s, shared with the optimizer kernel.
 
 MX scales are applied exactly, without float arithmetic: the shared exponent ``e`` shifts
 the element format's ``emin`` (float elements) or its fraction bits (integer elements), so
@@ -35,7 +36,11 @@ import triton.language as tl
 from ._codes import Rule
 from ._loader import kernel_module
 
-_C = kernel_module("_intcast", os.environ.get("TRITON_INTERPRET") == "1")
+_INTERP = os.environ.get("TRITON_INTERPRET") == "1"
+_C = kernel_module("_intcast", _INTERP)
+_S = kernel_module("_blockscale", _INTERP)
+absmax_scaled = _S.absmax_scaled
+codebook_codes = _S.codebook_codes
 bits = _C.bits
 decode = _C.decode
 encode = _C.encode
@@ -99,17 +104,6 @@ def _te_scaled(b, amax, sa, POW2: tl.constexpr):
 
 
 @triton.jit
-def _absmax_scaled(b, amax, sa):
-    """ABSMAX: ``s = max(amax, eps) / elem_max`` (``sa`` the recipe's ScaleArgs); (bits of
-    ``x / s``, bits of ``s``)."""
-    one = tl.full((1, 1), 1.0, tl.float32)
-    eps = f32(u32(sa.eps_bits))
-    a = tl.where(amax < eps, eps, amax)
-    s = tl.math.div_rn(a, f32(u32(sa.elem_max_bits)) * one)
-    return bits(tl.math.div_rn(f32(b), tl.where(s == 0, one, s))), bits(s)
-
-
-@triton.jit
 def _nvfp4_scaled(b, amax, tamax_ptr, s8, S8: tl.constexpr):
     """NVFP4 (Transformer Engine core_nvfp4.cuh): (bits of ``x`` times the block's encode
     factor, the block's float8_e4m3fn scale code). ``s8`` / ``S8``: the E4M3 scale format's
@@ -134,22 +128,6 @@ def _nvfp4_scaled(b, amax, tamax_ptr, s8, S8: tl.constexpr):
     c = tl.where(den == 0, flt_max, c)
     c = tl.where(s8v == 0, flt_max, tl.where(c > flt_max, flt_max, c))
     return bits(f32(b) * c), sc
-
-
-@triton.jit
-def _codebook_codes(b, amax, mask, mid_ptr):
-    """bitsandbytes' CUDA kernel (kQuantizeBlockwise, dQuantize): ``v = x * f32(1 / amax)``
-    (amax 0 gives inf), the index ``#{i : t[i] < v}`` by binary search over the host's 256
-    thresholds (fpsim.emulate.scale_rules.nearest_thresholds padded with +inf: ties to the even
-    entry); NaN: 0."""
-    one = tl.full((1, 1), 1.0, tl.float32)
-    xs = f32(b) * tl.math.div_rn(one, amax)
-    q = (b * 0).to(tl.int32)
-    for step_log in tl.static_range(8):
-        step = 128 >> step_log
-        below = tl.load(mid_ptr + (q + step - 1), mask=mask, other=0.0) < xs
-        q = q + tl.where(below, step, 0)
-    return tl.where(xs != xs, 0, q)
 
 
 @triton.jit
@@ -224,18 +202,16 @@ def _block_codes(b, r, ab, mask, nbits, rm, fmt, scale, s8, tamax_ptr, mid_ptr, 
     if P.RULE == _TE:
         v, sc = _te_scaled(b, amax, scale, P.POW2)
     elif P.RULE == _ABSMAX:
-        v, sc = _absmax_scaled(b, amax, scale)
+        v, sc = absmax_scaled(f32(b), amax, scale)
     elif P.RULE == _NVFP4:
         v, sc = _nvfp4_scaled(b, amax, tamax_ptr, s8, P.S8)
     elif P.RULE == _CODEBOOK:
-        q = _codebook_codes(b, amax, mask, mid_ptr)
+        code = codebook_codes(f32(b), amax, mask, mid_ptr)
         sc = ab
     else:
         v, sc, e = _mx_scaled(b, amax, ab, scale, P.RULE)
         shift = shift + e
-    if P.RULE == _CODEBOOK:
-        code = q.to(tl.uint32)
-    else:  # saturating: x * 2**-shift rounded once (the MX exponent moves emin or the fraction bits)
+    if P.RULE != _CODEBOOK:  # saturating: x * 2**-shift rounded once (MX: emin or fraction bits move)
         code = encode(v, r, nbits, rm, f=fmt, F=P.FMT, MODE=P.MODE, OVF=P.OVF, shift=shift)
     return code, sc
 

@@ -52,7 +52,11 @@ import triton.language as tl
 from ._codes import Decay, Source, StateKind
 from ._loader import kernel_module
 
-_C = kernel_module("_intcast", os.environ.get("TRITON_INTERPRET") == "1")
+_INTERP = os.environ.get("TRITON_INTERPRET") == "1"
+_C = kernel_module("_intcast", _INTERP)
+_S = kernel_module("_blockscale", _INTERP)
+absmax_scaled = _S.absmax_scaled
+codebook_codes = _S.codebook_codes
 bits = _C.bits
 encode = _C.encode
 encode_float = _C.encode_float
@@ -114,30 +118,15 @@ def _store_state(x, io, args, offs, blk, mask, rmask, S: tl.constexpr):
     if S.KIND == _FP32:
         tl.store(io.codes_out + offs, b.to(tl.int32, bitcast=True), mask=mask)
     else:
-        one = tl.full((1, 1), 1.0, tl.float32)
-        zero = b * 0
-        if S.KIND == _CODEBOOK:  # bitsandbytes' CUDA kernel: v = x * f32(1 / amax), no clamp
+        if S.KIND == _CODEBOOK:  # bitsandbytes' CUDA kernel: the nearest entry of x / amax
             ab = _row_amax_bits(b, mask, True)
-            amax = f32(ab)
-            xs = x * tl.math.div_rn(one, amax)  # amax 0: inf (x = 0 gives NaN)
-            q = zero.to(tl.int32)  # thresholds below xs (ties to the even entry): binary search
-            for step_log in tl.static_range(8):
-                step = 128 >> step_log
-                below = tl.load(io.mids + (q + step - 1), mask=mask, other=0.0) < xs
-                q = q + tl.where(below, step, 0)
-            code = tl.where(xs != xs, 0, q).to(tl.uint32)  # NaN: entry 0, as dQuantize
+            code = codebook_codes(x, f32(ab), mask, io.mids)
             sc = ab
         else:  # ABSMAX: s = f32(max(amax, eps) / elem_max); cast(f32(x / s)), saturating
-            ab = _row_amax_bits(b, mask, False)
-            amax = f32(ab)
-            eps = f32(u32(args.scale.eps_bits)) * one
-            a = tl.where(amax < eps, eps, amax)
-            s = tl.math.div_rn(a, f32(u32(args.scale.elem_max_bits)) * one)
-            v = bits(tl.math.div_rn(x, tl.where(s == 0, one, s)))
+            v, sc = absmax_scaled(x, f32(_row_amax_bits(b, mask, False)), args.scale)
             rm = tl.full((1, 1), 0xFFFFFFFF, tl.uint32)
             # saturating (args.fmt.inf_lim = 0xFFFFFFFF, integers clamp): no overflow to inf/NaN
-            code = encode(v, zero, 32, rm, f=args.fmt, F=S.FMT, MODE=_NEAREST_EVEN, OVF=_OVF_NOWHERE)
-            sc = bits(s)
+            code = encode(v, b * 0, 32, rm, f=args.fmt, F=S.FMT, MODE=_NEAREST_EVEN, OVF=_OVF_NOWHERE)
         tl.store(io.codes_out + offs, code.to(tl.uint8), mask=mask)
         tl.store(io.scales_out + blk, sc.to(tl.int32, bitcast=True), mask=rmask)
 
