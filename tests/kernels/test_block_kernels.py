@@ -240,14 +240,19 @@ def test_block_kernel_compiles_for_sm90(name, rounding):
     names = fn.arg_names
     cidx = {(names.index(k),): v for k, v in consts.items()}
     runtime = dict(grid=tiling(_shape(bf), bf, 1 << 14).grid, fmt=args.fmt, scale=args.scale, s8=args.s8)
+    attrs = {(i,): [["tt.divisibility", 16]] for i in range(6)}  # the pointers (torch allocations)
     for arg, value in runtime.items():  # the tuples' fields specialised as a launch does
         ty, keys = native_specialize_impl(BaseBackend, value, False, True, True)
         types[arg] = ty
-        cidx.update({(names.index(arg), j): k for j, (t, k) in enumerate(zip(ty, keys)) if t == "constexpr"})
+        for j, (t, key) in enumerate(zip(ty, keys)):
+            if t == "constexpr":  # a field equal to 1
+                cidx[(names.index(arg), j)] = key
+            elif key == "D":  # a field divisible by 16
+                attrs[(names.index(arg), j)] = [["tt.divisibility", 16]]
     sig = {n: ("constexpr" if n in consts else types.get(n, "i32")) for n in names}
     try:
         k = triton.compile(
-            ASTSource(fn=fn, signature=sig, constexprs=cidx),
+            ASTSource(fn=fn, signature=sig, constexprs=cidx, attrs=attrs),
             target=GPUTarget("cuda", 90, 32),
             options={"num_warps": 4, "enable_fp_fusion": False},
         )
