@@ -33,7 +33,9 @@ import os
 import triton
 import triton.language as tl
 
-from ._codes import Rule
+from fpsim.formats import RoundMode
+
+from ._codes import Overflow, Rule
 from ._loader import kernel_module
 
 _INTERP = os.environ.get("TRITON_INTERPRET") == "1"
@@ -58,8 +60,8 @@ _MX_RCEIL = tl.constexpr(int(Rule.MX_RCEIL))
 _NVFP4 = tl.constexpr(int(Rule.NVFP4))
 _UE8M0_CEIL = tl.constexpr(int(Rule.UE8M0_CEIL))
 _CODEBOOK = tl.constexpr(int(Rule.CODEBOOK))
-_NEAREST_EVEN = _C._NEAREST_EVEN
-_OVF_ALWAYS = _C._OVF_ALWAYS
+_NEAREST_EVEN = tl.constexpr(RoundMode.NEAREST_EVEN.code)
+_OVF_ALWAYS = tl.constexpr(int(Overflow.ALWAYS))
 _FLT_MAX_BITS = tl.constexpr(0x7F7FFFFF)
 
 

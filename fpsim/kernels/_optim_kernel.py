@@ -49,7 +49,9 @@ import os
 import triton
 import triton.language as tl
 
-from ._codes import Decay, Source, StateKind
+from fpsim.formats import RoundMode
+
+from ._codes import Decay, Overflow, Source, StateKind
 from ._loader import kernel_module
 
 _INTERP = os.environ.get("TRITON_INTERPRET") == "1"
@@ -73,8 +75,8 @@ _INT = tl.constexpr(int(StateKind.INT))
 _DECOUPLED = tl.constexpr(int(Decay.DECOUPLED))
 _L2 = tl.constexpr(int(Decay.L2))
 _SRC_FLOAT32 = tl.constexpr(int(Source.FLOAT32))
-_NEAREST_EVEN = _C._NEAREST_EVEN
-_OVF_NOWHERE = _C._OVF_NOWHERE
+_NEAREST_EVEN = tl.constexpr(RoundMode.NEAREST_EVEN.code)
+_OVF_NOWHERE = tl.constexpr(int(Overflow.NOWHERE))
 
 
 @triton.jit
