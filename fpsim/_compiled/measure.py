@@ -7,9 +7,8 @@ same under a block recipe, from the amaxes of :func:`block_amax`), :func:`value_
 of values computed elsewhere) and :func:`swamp_tally` (the swamping of an update, both rounding
 modes of the analysis in one pass). They give the bits of the numpy tier
 (:mod:`fpsim.emulate._bitcore` for the codes, :mod:`fpsim.analysis.metrics` for the tallies):
-:func:`encode_float` and :func:`encode_int` are its integer rules on the float64 bit pattern,
-element by element (a float32 input is widened exactly first; the rules depend on the value only),
-and the float sums are exact.
+:func:`encode_float` and :func:`encode_int` are its integer rules on the float64 bit pattern (a
+float32 input is widened exactly first), and the float sums are exact.
 
 Exact sums: a sum is kept as integer bins, bin ``k`` counting units of ``2**(k + KMIN)``. A term is
 a float64 significand (53 bits) times a power of two: ``|v|`` itself, or the square of ``v`` rounded
@@ -22,8 +21,7 @@ the numpy tier's (:func:`fpsim.analysis.partials.exact_sum`).
 Like :mod:`.loops`, every loop this module runs is defined in this file (numba checks a cached
 function against its own file only), compiled without fast-math and cached on disk; the loops are
 single-threaded and release the GIL (the callers run pieces on a thread pool). Per-element helpers
-take scalars or a tuple (an array argument of a call that LLVM leaves out of line is
-reference-counted per element).
+take scalars or a tuple (an array argument is reference-counted per element).
 """
 
 from __future__ import annotations
@@ -33,7 +31,7 @@ from llvmlite import ir
 from numba import types
 
 from ..formats import Encoding, RoundMode
-from ..formats.codes import DecodeKind, FactorKind
+from ..formats.codes import DecodeKind, FactorKind, LoopFormat
 from .kinds import KMIN, NBINS
 from .loops import bitcast, bits32, float32_of, jit
 
@@ -46,10 +44,12 @@ D_POW2, D_TENSOR = int(DecodeKind.POW2), int(DecodeKind.TENSOR)
 TILE = 1000
 """Elements between carries: 1000 terms of 53 bits on a 32-bit digit stay below 2**63."""
 
-# element-format parameters, in the tuple of ints the loops take (fpsim.emulate.element.loop_params;
-# a tuple, passed by value: an array argument would be reference-counted per call)
-P_INT, P_M, P_E, P_EMIN, P_ZERO, P_SIGNED, P_NAN, P_ENC, P_MAX, P_INF, P_NANCODE = range(11)
-P_FRAC, P_BITS, P_CLAMP, P_MAXINT, P_MININT, P_SAT, P_FTZ, P_WIDE, P_SUB, P_FAST = range(11, 21)
+# where fpsim.formats.codes.LoopFormat's fields sit in the tuple of ints the loops take (loop_params)
+(P_INT, P_M, P_E, P_EMIN, P_ZERO, P_SIGNED, P_NAN, P_ENC, P_MAX, P_INF, P_NANCODE, P_FRAC, P_BITS, P_CLAMP,
+ P_MAXINT, P_MININT, P_SAT, P_FTZ, P_WIDE, P_SUB, P_FAST) = map(LoopFormat._fields.index, (
+    "is_int", "m", "e", "emin", "has_zero", "signed", "has_nan", "enc", "code_max", "code_inf", "code_nan",
+    "frac", "bits", "clamp", "max_int", "min_int", "saturate", "ftz", "wide", "subnormal", "fast",
+))  # fmt: skip
 
 _U = np.uint64
 _INF64 = _U(0x7FF0000000000000)

@@ -20,7 +20,7 @@ import pytest
 
 from fpsim.emulate import element
 from fpsim.formats import FORMATS, Encoding, Format, RoundMode
-from fpsim.formats.codes import Decay, StateKind
+from fpsim.formats.codes import Decay, LoopFormat, StateKind
 from fpsim.replay.optim import Adam, AdamW
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -105,7 +105,10 @@ def test_the_compiled_tier_reads_the_shared_numbers():
     modes = _tier_constants(measure, RoundMode)
     encodings = _tier_constants(measure, Encoding)
     assert len(modes) == len(RoundMode) and len(encodings) == len(Encoding)  # every member
-    assert measure.P_ENC == 7
+    for name in ("float8_e4m3fn", "float8_e4m3fnuz", "float8_e5m2", "float8_e8m0fnu", "float4_e2m1fn"):
+        p, fmt = element.loop_params(FORMATS[name], False, False), FORMATS[name]
+        assert p[measure.P_ENC] == LoopFormat(*p).enc == fmt.encoding.code, name  # named, not numbered
+        assert p[measure.P_MAX] == fmt.code_of_max and p[measure.P_EMIN] == fmt.min_exponent, name
     kinds = _tier_constants(loops, StateKind)
     decays = _tier_constants(loops, Decay)
     assert set(kinds) >= {"_CODEBOOK", "_INT8_ABSMAX", "_E4M3_ABSMAX", "_TE_POW2", "_QMAP", "_CODEBOOK_LUT"}
