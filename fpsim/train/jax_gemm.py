@@ -43,8 +43,10 @@ gradient as the new state instead of applying it::
         l, (dw, state) = jax.value_and_grad(loss, argnums=(0, 1))(w, state)
         return w - 0.01 * dw, state, l
 
-A forward alone (no gradient taken) does not step the state. ``jax.vmap`` of ``dense`` is
-not supported (``jax.pure_callback`` refuses it, named). Each state belongs to one
+A forward alone (no gradient taken) does not step the state, and ``jax.vmap`` is refused
+(``jax.pure_callback`` names it): a batch of new states would be summed into one. Without
+delayed scaling, ``jax.vmap`` of ``dense`` gives each batch element's own ``dense`` (its own
+per-tensor scales), run one after another on the host. Each state belongs to one
 ``dense`` call per step: a state passed to two calls would get the sum of two new states.
 Tested (tests/train/test_jax_gemm.py): over 20 jitted steps, y, dx, dW, the amax histories and
 the scales equal the torch path's (its matmul swapped for ``np.matmul``) and those of
@@ -218,6 +220,9 @@ def linear(
     recipe, backend = resolve_recipe(recipe), Backend.resolve(backend)
     spec = recipe.accumulate
     policy = {r: recipe.operand(r).format for r in _delayed_roles(recipe)}
+    # jax.vmap runs the host callbacks once per batch element: dense of each element alone. Not
+    # with delayed scaling, whose batched new states would be summed into one gradient.
+    vmap = None if policy else "sequential"
 
     def host_gemm(a, b):
         a, b = np.ascontiguousarray(a, _F32), np.ascontiguousarray(b, _F32)
@@ -226,7 +231,7 @@ def linear(
     def mm(a, b):
         """``a @ b^T`` on the host: numpy's FP32 matmul, or the recipe's accumulator."""
         out = jax.ShapeDtypeStruct((a.shape[0], b.shape[0]), jnp.float32)
-        return jax.pure_callback(host_gemm, out, a, b)
+        return jax.pure_callback(host_gemm, out, a, b, vmap_method=vmap)
 
     def quantized(keys, arrays, step, states):
         """The operands ``keys`` of the oriented ``arrays``, quantized on the host, and the next
@@ -246,7 +251,7 @@ def linear(
         f32 = lambda a: jax.ShapeDtypeStruct(jnp.shape(a), jnp.float32)  # noqa: E731
         new = tuple(RoleState(f32(st.history), f32(st.scale)) for st in states if st is not None)
         out = (tuple(f32(a) for a in arrays), new)
-        return jax.pure_callback(host, out, tuple(arrays), step, tuple(states))
+        return jax.pure_callback(host, out, tuple(arrays), step, tuple(states), vmap_method=vmap)
 
     @jax.custom_vjp
     def dense2(x2, w, step, state):

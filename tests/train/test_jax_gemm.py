@@ -251,3 +251,23 @@ def test_delayed_scaling_steps_as_the_torch_path(algo, monkeypatch):
         lin.weight.grad = None
     assert all(float(st.scale) != 1.0 for st in state)  # the scales moved
     assert np.count_nonzero(np.asarray(state.grad_output.history)) >= 2
+
+
+@pytest.mark.parametrize("name", ["fp8-current", "mxfp8"])
+def test_vmap_runs_dense_per_batch_element(name):
+    """jax.vmap of a jitted per-example gradient gives, per element, the bits of dense called on
+    that element alone (fp8-current: each element its own per-tensor scale); delayed scaling
+    is refused under vmap (its batched new states would be summed)."""
+    rng = np.random.default_rng(9)
+    xs, w = _wide(rng, (3, 8, 32)), _wide(rng, (16, 32))
+    xs[1] *= F32(2.0**-20)  # another scale for the second element alone
+    dense = linear(name)
+    per_example = jax.jit(jax.vmap(jax.grad(lambda w, x: jnp.sum(dense(x, w, 1) ** 2)), in_axes=(None, 0)))
+    got = np.asarray(per_example(w, xs))
+    one = jax.jit(jax.grad(lambda w, x: jnp.sum(dense(x, w, 1) ** 2)))
+    for i in range(3):
+        assert _same(got[i], one(w, xs[i])), i
+    assert not _same(got[1], got[0])
+    delayed, state = linear("fp8-delayed"), init_state("fp8-delayed")
+    with pytest.raises(NotImplementedError, match="vmap"):
+        jax.vmap(lambda x: delayed(x, w, 1, state))(xs)
