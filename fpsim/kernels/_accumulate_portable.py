@@ -62,7 +62,7 @@ _jit = (lambda fn: fn) if _INTERPRET else triton.jit
 
 # The constexpr codes, as tl.constexpr globals for the compiler (which refuses other globals):
 # rounding modes MODE, PMODE, QMODE (fpsim.formats.RoundMode.code); compensation COMP and the
-# random-word sources RAND, QRAND (fpsim.kernels._codes.Comp and Words).
+# random-word source RAND (fpsim.kernels._codes.Comp and Words; product words are SplitMix64).
 _NEAREST_EVEN = tl.constexpr(RoundMode.NEAREST_EVEN.code)
 _NEAREST_AWAY = tl.constexpr(RoundMode.NEAREST_AWAY.code)
 _TOWARD_ZERO = tl.constexpr(RoundMode.TOWARD_ZERO.code)
@@ -426,66 +426,60 @@ def _close_chunk(
     return acc, total
 
 
-_RUNTIME = ["M", "N", "K", "chunk", "n_out", "sa_b", "sa_m", "sa_k", "sb_b", "sb_m", "sb_k", "sb_n", "nbits"]
+_RUNTIME = ["M", "N", "K", "chunk", "nbits"]  # never value-specialised: one compile per constexpr set
 
 
 @triton.jit(do_not_specialize=_RUNTIME)
 def matmul_kernel(
-    a_ptr,
-    b_ptr,
-    out_ptr,
-    r_ptr,
-    par_ptr,
-    M,
-    N,
-    K,
-    chunk,
-    n_out,
-    sa_b,
-    sa_m,
-    sa_k,
-    sb_b,
-    sb_m,
-    sb_k,
-    sb_n,
-    nbits,
-    MODE: tl.constexpr,
-    PMODE: tl.constexpr,
-    QMODE: tl.constexpr,
-    PROMOTE: tl.constexpr,
-    PROD: tl.constexpr,
-    COMP: tl.constexpr,
-    RAND: tl.constexpr,
-    QRAND: tl.constexpr,
-    DOT: tl.constexpr,
-    BM: tl.constexpr,
-    BN: tl.constexpr,
+    a_ptr,  # float32 a, contiguous (batch, M, K); DOT: (M, K)
+    b_ptr,  # float32 b, contiguous (batch, K, N); DOT: (M, K), read like a
+    out_ptr,  # the results' float32 bits as int32, (batch, M, N)
+    r_ptr,  # RAND LOADED: uint32 words as int32, (roundings, batch, M, N) (else any pointer, unread)
+    par_ptr,  # int64: three formats' numbers, then two SplitMix64 offsets (accumulate._params)
+    M,  # rows of a and of the output (DOT: outputs)
+    N,  # columns of b and of the output (DOT: 1)
+    K,  # addends per output
+    chunk,  # addends per chunk: promote_every, or K without promotion
+    nbits,  # stochastic rounding: random bits per rounding
+    MODE: tl.constexpr,  # accumulator rounding, a RoundMode.code
+    PMODE: tl.constexpr,  # promotion rounding (PROMOTE), a RoundMode.code
+    QMODE: tl.constexpr,  # product rounding (PROD), a RoundMode.code; stochastic draws SplitMix64 words
+    PROMOTE: tl.constexpr,  # each chunk's value enters a second (promote_to) accumulator
+    PROD: tl.constexpr,  # each product is rounded to product_format
+    COMP: tl.constexpr,  # compensation, a _codes.Comp
+    RAND: tl.constexpr,  # the accumulator's and promotion's random words, a _codes.Words
+    DOT: tl.constexpr,  # fpsim.dot: output i reduces row i of a with row i of b
+    BM: tl.constexpr,  # output rows per program, a power of two
+    BN: tl.constexpr,  # output columns per program, a power of two (DOT: 1)
 ):
     """One ``BM x BN`` output tile of one batch matrix (``program_id(0)`` numbers batch x row
     tiles, ``program_id(1)`` column tiles): float32 bits (int32) of the reduction over K in
     the emulator's sequential order (module doc).
 
-    ``a`` is read at ``bi*sa_b + i*sa_m + k*sa_k``; ``b`` at ``bi*sb_b + k*sb_k + j*sb_n``
-    (DOT: ``i*sb_m + k*sb_k``, with N == 1). Output ``(bi, i, j)`` has the flat index
-    ``o = (bi*M + i)*N + j``, which numbers its random words: rounding ``j`` of the
-    accumulator or the promotion uses word ``j * n_out + o``, the product of step ``k``
-    word ``k * n_out + o`` of the product stream.
+    ``a[bi, i, k]`` is read at ``(bi*M + i)*K + k``, ``b[bi, k, j]`` at ``(bi*K + k)*N + j``
+    (DOT: ``b[i, k]`` at ``i*K + k``). Output ``(bi, i, j)`` has the flat index
+    ``o = (bi*M + i)*N + j`` among ``n_out = batch*M*N`` outputs (batch from the grid), which
+    numbers its random words: rounding ``j`` of the accumulator or the promotion uses word
+    ``j * n_out + o``, the product of step ``k`` word ``k * n_out + o`` of the product stream.
     """
     n_mt = (M + BM - 1) // BM  # row tiles per matrix; program_id(0) = bi * n_mt + row tile
     pid_m = tl.program_id(0) % n_mt
     pid_n = tl.program_id(1)
     bi = (tl.program_id(0) // n_mt).to(tl.int64)
+    k64 = K.to(tl.int64)
     rows = pid_m.to(tl.int64) * BM + tl.arange(0, BM).to(tl.int64)
     cols = pid_n.to(tl.int64) * BN + tl.arange(0, BN).to(tl.int64)
     mask_m = rows < M
     mask2 = mask_m[:, None] & (cols < N)[None, :]
     o = (bi * M + rows[:, None]) * N + cols[None, :]
-    a_ptrs = a_ptr + (bi * sa_b + rows * sa_m)
+    n_out64 = (tl.num_programs(0) // n_mt).to(tl.int64) * M * N
+    a_ptrs = a_ptr + (bi * M + rows) * k64  # + k: a is K-contiguous
     if DOT:
-        b_ptrs = b_ptr + (bi * sb_b + rows[:, None] * sb_m + cols[None, :] * 0)
+        b_ptrs = b_ptr + (rows[:, None] * k64 + cols[None, :] * 0)
+        b_step = 1
     else:
-        b_ptrs = b_ptr + (bi * sb_b + cols * sb_n)[None, :]
-    n_out64 = n_out.to(tl.int64)
+        b_ptrs = b_ptr + (bi * k64 * N + cols)[None, :]
+        b_step = N
     AF = _format(par_ptr, 0)
     QF = _format(par_ptr, 1)
     PF = _format(par_ptr, 2)
@@ -512,13 +506,13 @@ def matmul_kernel(
         comp = tl.full((BM, BN), 0.0, tl.float64)
         for k in range(c0, c1):
             kk = k + z64
-            av = tl.load(a_ptrs + kk * sa_k, mask=mask_m, other=0.0).to(tl.float64)
-            bv = tl.load(b_ptrs + kk * sb_k, mask=mask2, other=0.0).to(tl.float64)
+            av = tl.load(a_ptrs + kk, mask=mask_m, other=0.0).to(tl.float64)
+            bv = tl.load(b_ptrs + kk * b_step, mask=mask2, other=0.0).to(tl.float64)
             t = av[:, None] * bv  # exact
             if PROD:
                 w = w0
                 if QMODE == _STOCHASTIC:
-                    w = _word(r_ptr, kk, n_out64, o, mask2, off_prod, QRAND)
+                    w = _word(r_ptr, kk, n_out64, o, mask2, off_prod, _WORDS_SPLITMIX64)
                 t = _rsum(t, t, w, nbits, QF, QMODE, True)
             if k == c0:  # the chunk's first addend: s = R(t)
                 w = w0

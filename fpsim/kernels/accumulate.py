@@ -216,11 +216,11 @@ def _products(
 
 @dataclass(frozen=True)
 class _Problem:
-    """Contiguous float32 operands of ``nb`` (m, k) x (k, n) products and how to read them.
+    """Contiguous float32 operands of ``nb`` (m, k) x (k, n) products, as the kernel reads them.
 
-    ``a`` is read at ``bi*sa_b + i*sa_m + k*sa_k``; ``b`` at ``bi*sb_b + k*sb_k + j*sb_n``
-    (dot: ``i*sb_m + k*sb_k`` with n == 1); ``squeezed`` says which 1-D operands of a
-    matmul were promoted.
+    matmul: ``a`` of shape (nb, m, k) and ``b`` of shape (nb, k, n); dot: ``a`` and ``b`` of
+    shape (m, k) with nb == n == 1 (output i reduces row i of both). ``squeezed`` says which
+    1-D operands of a matmul were promoted.
     """
 
     a: Any
@@ -229,7 +229,6 @@ class _Problem:
     m: int
     n: int
     k: int
-    strides: tuple[int, int, int, int, int, int, int]  # sa_b, sa_m, sa_k, sb_b, sb_m, sb_k, sb_n
     out_shape: tuple
     is_dot: bool
     squeezed: tuple[bool, bool] = (False, False)
@@ -261,8 +260,7 @@ def _matmul(torch: Any, spec: AccumulatorSpec, a: Any, b: Any) -> _Problem:
     nb = math.prod(batch)
     av = a2.expand(*batch, m, k).reshape(nb, m, k).contiguous()
     bv = bt.transpose(-1, -2).expand(*batch, k, n).reshape(nb, k, n).contiguous()
-    strides = (m * k, k, 1, k * n, 0, n, 1)
-    return _Problem(av, bv, nb, m, n, k, strides, (*batch, m, n), False, squeeze)
+    return _Problem(av, bv, nb, m, n, k, (*batch, m, n), False, squeeze)
 
 
 def _dot(torch: Any, spec: AccumulatorSpec, a: Any, b: Any) -> _Problem:
@@ -277,7 +275,7 @@ def _dot(torch: Any, spec: AccumulatorSpec, a: Any, b: Any) -> _Problem:
     n_out = math.prod(out_shape)
     av = a.expand(*out_shape, k).reshape(n_out, k).contiguous()
     bv = b.expand(*out_shape, k).reshape(n_out, k).contiguous()
-    return _Problem(av, bv, 1, n_out, 1, k, (0, k, 1, 0, k, 1, 0), out_shape, True)
+    return _Problem(av, bv, 1, n_out, 1, k, out_shape, True)
 
 
 # --- arguments ------------------------------------------------------------------------------
@@ -432,7 +430,7 @@ def _run(torch: Any, spec: AccumulatorSpec, pb: _Problem, random_bits: Any, laun
     qmode = spec.product.mode if spec.product else RoundMode.NEAREST_EVEN
     interp = is_interpreted(device)
     bm, bn = _tiles(interp, pb.m, pb.n, pb.is_dot, launch)
-    grid = (pb.nb * -(-pb.m // bm), -(-pb.n // bn))
+    grid = (pb.nb * -(-pb.m // bm), -(-pb.n // bn))  # the kernel derives nb (and n_out) from it
     extra = {} if interp else {"num_warps": launch.num_warps, "enable_fp_fusion": False}
     with np.errstate(all="ignore"):  # the interpreter's numpy float64 ops on inf and NaN
         _launch_kernel(
@@ -448,8 +446,6 @@ def _run(torch: Any, spec: AccumulatorSpec, pb: _Problem, random_bits: Any, laun
             pb.n,
             pb.k,
             spec.promote_every or pb.k,
-            n_out,
-            *pb.strides,
             spec.stochastic_bits,
             MODE=spec.rounding.code,
             PMODE=spec.promote_rounding.code if spec.promoted else 0,
@@ -458,7 +454,6 @@ def _run(torch: Any, spec: AccumulatorSpec, pb: _Problem, random_bits: Any, laun
             PROD=spec.product is not None,
             COMP=int(_COMP[spec.compensation]),
             RAND=int(rand_kind),
-            QRAND=int(Words.SPLITMIX64 if qmode is RoundMode.STOCHASTIC else Words.NONE),
             DOT=pb.is_dot,
             BM=bm,
             BN=bn,

@@ -184,6 +184,38 @@ def test_tiles_not_dividing_the_output():
         _assert_same(got, want, str(launch))
 
 
+def test_batched_tiles_number_random_words_like_the_emulator():
+    """Several batch matrices of several row and column tiles: the kernel derives the batch
+    (and so ``n_out``, which numbers the random words) from its grid, and each batch's
+    operands from M, N and K."""
+    rng = np.random.default_rng(9)
+    a = rng.standard_normal((3, 13, 5)).astype(np.float32)
+    b = rng.standard_normal((3, 5, 11)).astype(np.float32)
+    bits = rng.integers(0, 2**32, (rounding_count(5, promote_every=2, promoted=True), 3, 13, 11), np.uint32)
+    kws = [
+        dict(
+            accumulator=10,
+            rounding="stochastic",
+            seed=5,
+            product_format="float8_e4m3fn",
+            product_rounding="stochastic",
+        ),
+        dict(
+            accumulator=10,
+            rounding="stochastic",
+            random_bits=bits,
+            promote_every=2,
+            promote_rounding="stochastic",
+        ),
+    ]
+    for kw in kws:
+        want = fpsim.matmul(a, b, **kw)
+        got = ka.matmul(
+            torch.from_numpy(a), torch.from_numpy(b), launch=ka.Launch(block_m=4, block_n=8), **kw
+        )
+        _assert_same(got, want, f"batched tiles {sorted(kw)}")
+
+
 def test_long_sum_swamps_like_the_emulator():
     """K = 1023: a bfloat16 sum of uniform [0, 1) values stalls at 256; promoting to float32
     every 128 addends (DeepSeek-V3) recovers the sum."""
@@ -324,14 +356,14 @@ def _compile(consts: dict):
         raise
 
 
-_BASE = dict(MODE=0, PMODE=0, QMODE=0, PROMOTE=False, PROD=False, COMP=0, RAND=0, QRAND=0, DOT=False)
+_BASE = dict(MODE=0, PMODE=0, QMODE=0, PROMOTE=False, PROD=False, COMP=0, RAND=0, DOT=False)
 
 
 @pytest.mark.parametrize(
     "consts",
     [
         dict(_BASE, BM=32, BN=32),
-        dict(_BASE, MODE=5, PMODE=5, QMODE=5, PROMOTE=True, PROD=True, COMP=2, RAND=2, QRAND=2, BM=32, BN=32),
+        dict(_BASE, MODE=5, PMODE=5, QMODE=5, PROMOTE=True, PROD=True, COMP=2, RAND=2, BM=32, BN=32),
         dict(_BASE, MODE=4, COMP=1, RAND=1, DOT=True, BM=128, BN=1),
     ],
     ids=["nearest_even", "stochastic_all", "dot_kahan_toward_negative"],
