@@ -332,7 +332,7 @@ def _inputs(torch: Any, x: Any, rounding: Rounding | None, stream: int | None, n
 
 
 def _format_params(fmt: Format | None) -> list[int]:
-    """The numbers ``_accumulate_portable._format`` reads (float32's for an unused slot)."""
+    """The numbers ``_accumulate_kernel._format`` reads (float32's for an unused slot)."""
     if fmt is None:
         fmt = accumulator_format("float32")
     lo = int(np.float64(fmt.min_normal).view(np.int64))
@@ -434,7 +434,7 @@ def _run(torch: Any, spec: AccumulatorSpec, pb: _Problem, random_bits: Any, laun
     extra = {} if interp else {"num_warps": launch.num_warps, "enable_fp_fusion": False}
     with np.errstate(all="ignore"):  # the interpreter's numpy float64 ops on inf and NaN
         _launch_kernel(
-            kernel_module("_accumulate_portable", interp).matmul_kernel,
+            kernel_module("_accumulate_kernel", interp).matmul_kernel,
             grid,
             interp,
             pb.a,

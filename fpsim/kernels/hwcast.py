@@ -3,7 +3,7 @@
 ``encode(x, fmt, saturate=...)`` converts with ``x.to(tl.float8e4nv)`` (float8_e4m3fn),
 ``tl.float8e5`` (float8_e5m2), ``tl.bfloat16`` or ``tl.float16`` and returns the codes
 (torch.uint8 / torch.uint16), with the overflow, saturation and flush-to-zero conventions
-of :func:`fpsim.emulate.element.encode` enforced around the instruction (see ``_hw.py``), so the
+of :func:`fpsim.emulate.element.encode` enforced around the instruction (see ``_hwcast_kernel.py``), so the
 result must equal the emulator's nearest-even codes; NaN codes are the hardware's (compare
 by class). Only round-to-nearest-even is offered: it is what ``.to()`` does.
 
@@ -117,7 +117,7 @@ def encode(
     if n == 0:
         return out
     interp = is_interpreted(x.device)
-    kernel = kernel_module("_hw", interp).hw_encode_kernel
+    kernel = kernel_module("_hwcast_kernel", interp).hw_encode_kernel
     block, grid, extra = launch_grid(n, x.device, launch)
     consts = dict(hw_consts(f, saturate, subnormals), BLOCK=block, I64=n + block >= 2**31)
     with warnings.catch_warnings():

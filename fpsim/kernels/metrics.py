@@ -77,7 +77,7 @@ def tally(x: Any, q: Any, codes: Any, element: Any) -> dict[str, Any]:
     if n:
         with np.errstate(all="ignore"):
             _launch_kernel(
-                kernel_module("_metrics_portable", interp).tally_kernel,
+                kernel_module("_metrics_kernel", interp).tally_kernel,
                 (g,),
                 interp,
                 x.contiguous().view(torch.int32).reshape(-1),

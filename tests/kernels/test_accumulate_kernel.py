@@ -340,7 +340,7 @@ def _compile(consts: dict):
 
     from fpsim.kernels._loader import kernel_module
 
-    fn = kernel_module("_accumulate_portable", interpret=False).matmul_kernel
+    fn = kernel_module("_accumulate_kernel", interpret=False).matmul_kernel
     names = fn.arg_names
     types = {"a_ptr": "*fp32", "b_ptr": "*fp32", "out_ptr": "*i32", "r_ptr": "*i32", "par_ptr": "*i64"}
     sig = {n: ("constexpr" if n in consts else types.get(n, "i32")) for n in names}

@@ -306,7 +306,7 @@ def test_metrics_kernel_compiles_for_sm90():
         pytest.skip("this triton has no ASTSource/GPUTarget")
     from fpsim.kernels._loader import kernel_module
 
-    fn = kernel_module("_metrics_portable", interpret=False).tally_kernel
+    fn = kernel_module("_metrics_kernel", interpret=False).tally_kernel
     types = {"x_ptr": "*i32", "q_ptr": "*i32", "f_ptr": "*u8", "cnt_ptr": "*i32"}
     types.update(sum_ptr="*fp64", max_ptr="*fp64", n="i32")
     sig = {n: ("constexpr" if n == "BLOCK" else types[n]) for n in fn.arg_names}

@@ -114,7 +114,7 @@ def test_hardware_cast_kernel_compiles_for_sm90(fmt):
     f = get_format(fmt)
     consts = dict(hwcast.hw_consts(f, saturate=False, subnormals=False), BLOCK=2048, I64=False)
     k = _compile(
-        kernel_module("_hw", interpret=False).hw_encode_kernel,
+        kernel_module("_hwcast_kernel", interpret=False).hw_encode_kernel,
         {"x_ptr": "*fp32", "out_ptr": _PTR[f.code_dtype]},
         consts,
     )

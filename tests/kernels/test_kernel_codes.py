@@ -21,13 +21,13 @@ from fpsim.kernels.format_args import format_args, rounding_codes  # noqa: E402
 # another numbering alike, e.g. _blocks_kernel's _CODEBOOK is Rule.CODEBOOK)
 READS = {
     "_intcast": (RoundMode, Encoding),
-    "_accumulate_portable": (RoundMode,),
+    "_accumulate_kernel": (RoundMode,),
     "_blocks_kernel": (RoundMode, Encoding),
     "_optim_kernel": (shared.StateKind, shared.Decay),
 }
 COVERS = {  # the constants each file must have: the members its kernels branch on
     "_intcast": {*(f"_{m.name}" for m in RoundMode if m is not RoundMode.STOCHASTIC), "_IEEE", "_FN"},
-    "_accumulate_portable": {f"_{m.name}" for m in RoundMode},
+    "_accumulate_kernel": {f"_{m.name}" for m in RoundMode},
     "_optim_kernel": {"_FP32", "_CODEBOOK", "_INT", "_DECOUPLED", "_L2"},
 }
 

@@ -4,8 +4,8 @@ Per program instance: exact integer counts (as int32: at most BLOCK <= 65536 ele
 float64 sums of squares and float64 maxima of the chunk ``x`` (inputs) against ``q`` (the
 values the format stores). Classification uses integer tests of the float32 bits (exact,
 no float compare conventions involved). The reductions are ``tl.reduce`` with combine
-functions of this file (triton's library reductions are decorated at triton's import, see
-``_blocks_portable.py``).
+functions of this file (triton's library reductions are decorated at triton's import, for
+one mode only; see ``_loader.py``).
 
 Executed once per mode by :func:`fpsim.kernels._loader.kernel_module`; import it there.
 """
