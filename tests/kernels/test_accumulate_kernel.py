@@ -390,3 +390,41 @@ def test_kernel_codes_are_one_definition():
 
     assert set(ka._COMP) == set(fpsim.accumulate.Compensation)
     assert len({int(w) for w in Words}) == len(Words)
+
+
+def _private_triton_names(source: str) -> list[str]:
+    """Dotted names reached through ``tl`` / ``triton`` that are not public API: a component
+    with a leading underscore, or triton.language's ``standard`` / ``core`` / ``semantic``
+    modules (the public functions are re-exported by ``tl`` itself)."""
+    import ast
+
+    tree = ast.parse(source)
+    inner_nodes = {id(n.value) for n in ast.walk(tree) if isinstance(n, ast.Attribute)}
+    found = []
+    for node in ast.walk(tree):
+        if not isinstance(node, ast.Attribute) or id(node) in inner_nodes:
+            continue
+        parts, v = [node.attr], node.value
+        while isinstance(v, ast.Attribute):
+            parts.insert(0, v.attr)
+            v = v.value
+        if isinstance(v, ast.Name) and v.id in ("tl", "triton"):
+            inner = parts[1:] if v.id == "triton" and parts[:1] == ["language"] else parts
+            if any(p.startswith("_") for p in parts) or inner[:1] in (["standard"], ["core"], ["semantic"]):
+                found.append(".".join([v.id, *parts]))
+    return sorted(found)
+
+
+def test_kernel_sources_use_public_triton_api_only():
+    """No private triton name in the accumulation, metrics and hardware-cast kernels (the
+    kernels extra has no upper bound on triton); the check finds the private reduction the
+    accumulation kernel once used."""
+    from pathlib import Path
+
+    import fpsim.kernels
+
+    here = Path(fpsim.kernels.__file__).parent
+    for name in ("_accumulate_kernel", "_metrics_kernel", "_hwcast_kernel"):
+        assert _private_triton_names((here / f"{name}.py").read_text()) == [], name
+    old = "_MAX = tl.standard._elementwise_max if _INTERPRET else _imax\nx = triton.language.core.reduce"
+    assert _private_triton_names(old) == ["tl.standard._elementwise_max", "triton.language.core.reduce"]
