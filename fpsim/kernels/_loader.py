@@ -5,14 +5,14 @@ with ``@triton.jit``: the decorator reads ``TRITON_INTERPRET`` at that moment an
 ``InterpretedFunction`` or a ``JITFunction`` (``triton/runtime/jit.py``). The interpreter
 runs kernels on CPU torch tensors; compiled kernels need CUDA (or ROCm) tensors.
 
-So the kernel source files (``_cast_kernel.py``, ``_blocks_kernel.py``, ``_optim_kernel.py``,
-their shared helpers ``_intcast.py``, ``_hw.py`` and the others named ``_*.py`` beside their
-host modules) are executed once per mode, as two separate modules, with
-``TRITON_INTERPRET`` set to ``"1"`` or ``"0"`` only while their decorators run
-(:func:`kernel_module`). A call on CPU tensors uses the interpreted copy, a call on GPU
-tensors the compiled one, whatever the environment says. Setting the variable briefly is
-not thread-safe: load the modules before starting threads (:func:`kernel_module` caches
-them).
+So the kernel source files (``_X_kernel.py`` beside its host ``X.py``: ``_cast_kernel.py``,
+``_blocks_kernel.py``, ``_optim_kernel.py``, ``_accumulate_kernel.py``, ``_metrics_kernel.py``,
+``_hwcast_kernel.py``, and their shared helpers ``_intcast.py`` and ``_blockscale.py``) are
+executed once per mode, as two separate modules, with ``TRITON_INTERPRET`` set to ``"1"`` or
+``"0"`` only while their decorators run (:func:`kernel_module`). A call on CPU tensors uses
+the interpreted copy, a call on GPU tensors the compiled one, whatever the environment says.
+Setting the variable briefly is not thread-safe: load the modules before starting threads
+(:func:`kernel_module` caches them).
 
 Triton 3.9's interpreter patches ``triton.language`` for every call of one ``@triton.jit``
 function from another and never restores those patches (``InterpretedFunction.__call__``);
@@ -63,7 +63,7 @@ def kernel_module(name: str, interpret: bool) -> ModuleType:
     """The kernel source file ``fpsim/kernels/<name>.py`` executed for the interpreter or the compiler.
 
     Args:
-        name: the file's name without ``.py``: ``"_cast_kernel"``, ``"_intcast"``, ``"_hw"``, ...
+        name: the file's name without ``.py``: ``"_cast_kernel"``, ``"_intcast"``, ...
             (a kernel file loads the helper files it calls through here too, for its own mode).
         interpret: True for Triton's CPU interpreter, False for compiled GPU kernels.
 

@@ -1,4 +1,5 @@
-"""Portable Triton reduction of the analysis metrics of one chunk (:func:`fpsim.analysis.metrics._tally`).
+"""Portable Triton reduction of the analysis metrics of one chunk
+(:func:`fpsim.analysis.metrics.tally_chunk`).
 
 Per program instance: exact integer counts (as int32: at most BLOCK <= 65536 elements),
 float64 sums of squares and float64 maxima of the chunk ``x`` (inputs) against ``q`` (the
