@@ -537,45 +537,16 @@ def encode_blocks8(kind, x, block, base, thr, table, eps, elem_max, codes, scale
 
 
 @jit
-def adam_blocks(
-    p,
-    g,
-    mq,
-    ms,
-    vq,
-    vs,
-    block,
-    mk,
-    mt,
-    mbase,
-    mthr,
-    meps,
-    mmax,
-    vk,
-    vt,
-    vbase,
-    vthr,
-    veps,
-    vmax,
-    po,
-    mref,
-    vref,
-    want_stats,
-    counts,
-    sums,
-    mode,
-    decay,
-    omb1,
-    omb2,
-    b2,
-    bc2,
-    eps,
-    neg_step,
-):
+def adam_blocks(p, g, mq, ms, vq, vs, block, m_state, v_state, po, mref, vref, want_stats, counts, sums, sc):
     # One Adam step with both moments in 8-bit blocks (fpsim.replay.engine's module doc,
     # semantics 2-3), tile by tile of whole blocks: decode (table[code] * scale), the adam
     # loop above, encode_tile on each new moment (codes and scales in place), then with
-    # want_stats the state statistics of state_stats against the reference's moments
+    # want_stats the state statistics of state_stats against the reference's moments.
+    # m_state, v_state: (kind, table, base, thr, eps, elem_max) of each moment
+    # (fpsim.replay.fused._moment_args); sc: the step's fpsim.replay.optim.AdamScalars, a tuple
+    mk, mt, mbase, mthr, meps, mmax = m_state
+    vk, vt, vbase, vthr, veps, vmax = v_state
+    mode, decay, omb1, omb2, b2, bc2, eps, neg_step = sc
     n = p.size
     tile = tile_of(block)
     m0, v0 = np.empty(tile, np.float32), np.empty(tile, np.float32)

@@ -80,6 +80,11 @@ class _State(NamedTuple):
     elem_max: np.float32
 
 
+def _moment_args(st: _State) -> tuple:
+    """The ``(kind, table, base, thr, eps, elem_max)`` tuple of one moment, as the block loops take it."""
+    return int(st.kind), st.table, st.base, st.thr, st.eps, st.elem_max
+
+
 @functools.lru_cache(maxsize=1024)
 def _state(bf: Any, shape: tuple) -> _State | None:
     """The kernel's description of state format ``bf`` for a tensor of ``shape``, or None where
@@ -314,10 +319,8 @@ def run_piece(pl: Plan, part: slice, optimizer: Any, lr: float, t: int) -> tuple
     )
     counts, sums = np.zeros(4, np.int64), np.zeros(4)
     _compiled.load().adam_blocks(
-        p, g, mq, ms, vq, vs, m.block,
-        int(m.kind), m.table, m.base, m.thr, m.eps, m.elem_max,
-        int(v.kind), v.table, v.base, v.thr, v.eps, v.elem_max,
-        pl.out.reshape(-1)[part], m_ref, v_ref, bool(refs), counts, sums, *optimizer.scalars(lr, t),
+        p, g, mq, ms, vq, vs, m.block, _moment_args(m), _moment_args(v),
+        pl.out.reshape(-1)[part], m_ref, v_ref, bool(refs), counts, sums, tuple(optimizer.scalars(lr, t)),
     )  # fmt: skip
     return counts, sums
 
