@@ -37,6 +37,7 @@ __all__ = [
     "flat32",
     "load",
     "load_measure",
+    "load_operand",
 ]
 
 COMPILED_FROM = 1 << 18
@@ -140,6 +141,13 @@ def load() -> ModuleType:
 def load_measure() -> ModuleType:
     """The module of compiled analysis and encode loops, :mod:`fpsim._compiled.measure`."""
     from . import measure as mod
+
+    return mod
+
+
+def load_operand() -> ModuleType:
+    """The module of compiled quantize-dequantize loops, :mod:`fpsim._compiled.operand`."""
+    from . import operand as mod
 
     return mod
 

@@ -16,6 +16,7 @@ import math
 
 import numpy as np
 
+from .._compiled import Backend
 from ..formats import BlockFormat, Codebook, Format, RoundMode, ScaleRule
 from ..formats.amax import amax_ignore_nan
 from ..formats.codes import FactorKind
@@ -44,13 +45,17 @@ def prescale(xb: np.ndarray, amax: np.ndarray, bf: BlockFormat, tensor_amax: flo
     return apply_factor(xb, factor, bf.rule), codes, tensor
 
 
-def block_factors(amax: np.ndarray, bf: BlockFormat, tensor_amax: float | None):
+def block_factors(
+    amax: np.ndarray, bf: BlockFormat, tensor_amax: float | None, *, backend: Backend = Backend.NUMPY
+):
     """What each block's elements are scaled by, its scale code and the tensor scale.
 
     Args:
         amax: the blocks' amaxes (float32, any shape; NaN as the rule's reduction left it).
         bf: a block format of a non-codebook rule.
         tensor_amax: NVFP4's tensor amax, or None to reduce ``amax``.
+        backend: where NVFP4's E4M3 scale cast runs (:func:`fpsim.emulate.element.encode_array`,
+            the same codes either way).
 
     Returns:
         ``(factor, codes, tensor)``: the per-block factor of :func:`apply_factor` (float32,
@@ -70,7 +75,7 @@ def block_factors(amax: np.ndarray, bf: BlockFormat, tensor_amax: float | None):
         s = (np.where(amax < _F32(bf.eps), _F32(bf.eps), amax) / elem_max).astype(_F32)  # NaN stays
         return np.where(s == 0, _F32(1), s), s.view(np.uint32), None
     if rule is ScaleRule.NVFP4:
-        return _nvfp4(amax, bf, tensor_amax)
+        return _nvfp4(amax, bf, tensor_amax, backend)
     if rule.factor is not FactorKind.POW2:
         raise ValueError(f"the numpy tier has no scale arithmetic for ScaleRule.{rule.name}")
     e = _mx_exponent(amax, bf)
@@ -123,7 +128,7 @@ def _ceil_log2(d: np.ndarray) -> np.ndarray:
     return np.where(sub, e - 149, e)
 
 
-def _nvfp4(amax: np.ndarray, bf: BlockFormat, tensor_amax: float | None):
+def _nvfp4(amax: np.ndarray, bf: BlockFormat, tensor_amax: float | None, backend: Backend):
     """Transformer Engine NVFP4 (core_nvfp4.cuh): FP32 tensor scale, E4M3 block scales; the
     factor ``f32(1 / f32(s8 * s_dec))`` (FLT_MAX for a zero scale)."""
     if tensor_amax is None:
@@ -135,7 +140,7 @@ def _nvfp4(amax: np.ndarray, bf: BlockFormat, tensor_amax: float | None):
     s_dec = _F32(1) / s_enc
     sdb = np.fmin(amax * (s_enc * _F32(1 / 6)), _FLT_MAX)
     e4m3 = bf.scale_format
-    s8 = element.encode_array(sdb, e4m3, _R.NEAREST_EVEN, saturate=True)
+    s8 = element.encode_array(sdb, e4m3, _R.NEAREST_EVEN, saturate=True, backend=backend)
     s8v = element.decode_array(s8, e4m3)
     c = np.where(s8v == 0, _FLT_MAX, np.fmin(_F32(1) / (s8v * s_dec), _FLT_MAX))
     return c, s8, float(s_dec)

@@ -67,9 +67,9 @@ from types import MappingProxyType
 
 import numpy as np
 
-from .._compiled import Backend
+from .._compiled import Backend, fallback, frozen, load_operand
 from ..accumulate import AccumulatorSpec, matmul_spec
-from ..emulate import blocks, element
+from ..emulate import blocks, element, fused
 from ..emulate.delayed import DelayedScaling, DelayedState
 from ..emulate.random import random_bits_at
 from ..formats import FORMATS, RECIPES, BlockFormat, Codebook, Format, RoundMode, ScaleRule
@@ -315,7 +315,7 @@ _SIGNS = np.array([1, 1, 1, -1, 1, -1, -1, -1, -1, -1, -1, 1, -1, 1, -1, -1], np
 """TE's hard-coded signs of the wgrad Hadamard transform (reference_nvfp4.get_wgrad_sign_vector)."""
 
 
-def hadamard16(a: np.ndarray) -> np.ndarray:
+def hadamard16(a: np.ndarray, backend: Backend = Backend.NUMPY) -> np.ndarray:
     """TE's random Hadamard transform along the last axis, in chunks of 16: each chunk
     ``v -> v @ (diag(s) H16) / 4`` with ``H16`` Sylvester's Hadamard matrix and ``s`` TE's sign
     vector (orthogonal, so the wgrad GEMM is unchanged in exact arithmetic).
@@ -324,6 +324,9 @@ def hadamard16(a: np.ndarray) -> np.ndarray:
     on every machine (exact, hence correctly rounded, whenever the float64 sums are; TE's kernels
     accumulate in FP32 on tensor cores, so their last bit can differ).
 
+    ``backend``: :attr:`Backend.COMPILED` runs :func:`fpsim._compiled.operand.hadamard16` on a
+    float32 ``a`` (the same float64 operations in the same order, tested to give the same bits).
+
     Raises:
         ValueError: a last axis that 16 does not divide (TE refuses it too).
     """
@@ -331,6 +334,10 @@ def hadamard16(a: np.ndarray) -> np.ndarray:
     if n % 16:
         raise ValueError(f"the Hadamard transform needs a contraction length divisible by 16, got {n}")
     rows = a.size // 16
+    if backend is Backend.COMPILED and a.dtype == _F32:
+        out = np.empty(a.shape, _F32)
+        load_operand().hadamard16(frozen(a), _SIGNS, out.reshape(-1))
+        return out
     # the 16 entries of each chunk down the first axis (v[j] = s_j * entry j of every chunk,
     # exact), so that each butterfly stage adds and subtracts long contiguous rows
     v, w = np.empty((16, rows)), np.empty((16, rows))
@@ -393,10 +400,15 @@ def quantize_operand(
     under ``op.format`` (a Format or BlockFormat), and its statistics when asked.
 
     ``random_bits``: the uint32 words of a stochastic rounding (``a``'s shape), else None.
-    Delayed scaling is :func:`delayed_cast` (it carries a state).
+    Delayed scaling is :func:`delayed_cast` (it carries a state). On :attr:`Backend.COMPILED`
+    without ``stats`` the values come from :func:`fpsim.emulate.fused.quantize_values` (one
+    compiled pass, the same bits; a format it does not cover is said so once, with a
+    :class:`fpsim.FallbackWarning`, and runs unfused).
     """
     fmt = op.format
     mode = RoundMode.STOCHASTIC if random_bits is not None else RoundMode.NEAREST_EVEN
+    if backend is Backend.COMPILED and not stats and _fusable(fmt):
+        return fused.quantize_values(a, fmt, mode, rand=random_bits), None
     if isinstance(fmt, BlockFormat):
         enc = blocks.encode_array(a, fmt, mode, backend, rand=random_bits)
         q = np.ascontiguousarray(blocks.decode_array(enc, fmt, backend))
@@ -415,6 +427,14 @@ def quantize_operand(
     with np.errstate(invalid="ignore"):
         beyond = np.abs(a) > fmt.max
     return q, operand_stats(a, q, beyond, None, saturated=beyond)
+
+
+def _fusable(fmt: Format | BlockFormat) -> bool:
+    """Whether :func:`fpsim.emulate.fused.quantize_values` runs ``fmt`` (else said so, once)."""
+    why = fused.uncovered(fmt)
+    if why is not None:
+        fallback(why, "its unfused encode and decode run it")
+    return why is None
 
 
 def delayed_cast(
@@ -545,15 +565,18 @@ def module_operand(
     then :func:`quantize_operand`. The one function the torch layer and the JAX ``dot`` share;
     a shape the format or the transform cannot take is a ValueError naming the layer, the
     GEMM and the operand."""
-    op = recipe.operand(role)
-    where = f"{module}: {role} in {g.value} {a.shape}"
+    op, shape = recipe.operand(role), a.shape
     if op.hadamard and g is Gemm.WGRAD:
         try:
-            a = hadamard16(a)
+            a = hadamard16(a, backend)
         except ValueError as e:
-            raise ValueError(f"{where}: {e}") from None
-    words = operand_words(recipe.seed, module, step, g, role, a.shape) if op.stochastic else None
+            raise ValueError(f"{module}: {role} in {g.value} {shape}: {e}") from None
     try:
+        if op.stochastic and backend is Backend.COMPILED and not stats and _fusable(op.format):
+            # the operand's words drawn inside the compiled loop (operand_words, not materialized)
+            seed = operand_seed(recipe.seed, module, step, g, role)
+            return fused.quantize_values(a, op.format, RoundMode.STOCHASTIC, seed=seed), None
+        words = operand_words(recipe.seed, module, step, g, role, a.shape) if op.stochastic else None
         return quantize_operand(a, op, backend, random_bits=words, stats=stats)
     except ValueError as e:
-        raise ValueError(f"{where} under {op.name}: {e}") from None
+        raise ValueError(f"{module}: {role} in {g.value} {shape} under {op.name}: {e}") from None
