@@ -47,6 +47,9 @@ def uncovered(fmt: AnyFormat | BlockFormat) -> str | None:
             return f"{fmt.name}: codebook elements in a fused quantize-dequantize"
         if el.bits > 16:
             return f"{fmt.name}: elements of {el.bits} bits in a fused quantize-dequantize"
+        sf = fmt.scale_format
+        if sf.bits > 16 and sf.name != "float32":
+            return f"{fmt.name}: scales in {sf.name} in a fused quantize-dequantize"
         if fmt.block is not None and not fmt.flatten and len(fmt.block) > 2:
             return f"{fmt.name}: blocks over {len(fmt.block)} axes in a fused quantize-dequantize"
         return None
@@ -69,6 +72,7 @@ class _Plan:
     ignore_nan: bool = False
     pow2: bool = False
     tensor_amax: bool = False  # the rule takes the tensor's amax: the largest block amax (no NaN)
+    scale_table: np.ndarray | None = None  # the scale format's decode_table; None: float32 bits
 
 
 _PLANS: dict[tuple[int, tuple[int, ...]], _Plan] = {}
@@ -80,6 +84,9 @@ def _plan(fmt: AnyFormat | BlockFormat, shape: tuple[int, ...]) -> _Plan:
     which the kept plan holds on to: hashing a format costs more than a small cast)."""
     plan = _PLANS.get((id(fmt), shape))
     if plan is None or plan.fmt is not fmt:
+        why = uncovered(fmt)
+        if why is not None:
+            raise ValueError(f"quantize_values does not cover {why}")
         if len(_PLANS) >= _MAX_PLANS:
             _PLANS.clear()
         plan = _PLANS[(id(fmt), shape)] = _make_plan(fmt, shape)
@@ -106,7 +113,9 @@ def _make_plan(fmt: AnyFormat | BlockFormat, shape: tuple[int, ...]) -> _Plan:
     pow2 = rule.factor is FactorKind.POW2
     ignore = fmt.amax_ignores_nan
     tensor = rule.needs_tensor_amax and ignore
-    return _Plan(fmt, layout, int(count), params, element.loop_table(el), ignore, pow2, tensor)
+    sf = fmt.scale_format
+    stable = element.decode_table(sf) if sf.bits <= 16 else None
+    return _Plan(fmt, layout, int(count), params, element.loop_table(el), ignore, pow2, tensor, stable)
 
 
 def quantize_values(
@@ -134,9 +143,6 @@ def quantize_values(
             rounding without exactly one of ``rand`` and ``seed`` (or words of another size).
         TypeError: ``x`` is not float32.
     """
-    why = uncovered(fmt)
-    if why is not None:
-        raise ValueError(f"quantize_values does not cover {why}")
     if not isinstance(x, np.ndarray) or x.dtype != _F32:
         raise TypeError(f"quantize_values takes a float32 numpy array, got {getattr(x, 'dtype', type(x))}")
     words, mix = _words(x, mode, rand, seed)
@@ -155,7 +161,9 @@ def quantize_values(
         # (NVFP4's tensor amax: the NaN-free block amaxes' largest, as block_factors would reduce them)
         tensor_amax = float(amax.max()) if plan.tensor_amax else None
         factor, scales, tensor = block_factors(amax, fmt, tensor_amax, backend=_compiled.Backend.COMPILED)
-        dscale = _compiled.frozen(element.decode_array(scales, fmt.scale_format), _F32)
+        # the scales decoded as element.decode_array does it (codes from the rule: in range)
+        dscale = scales.view(_F32) if plan.scale_table is None else plan.scale_table[scales]
+    dscale = _compiled.frozen(dscale, _F32)
     f32 = _NONE32 if plan.pow2 else _compiled.frozen(factor, _F32)
     f64 = _compiled.frozen(factor, np.float64) if plan.pow2 else _NONE64
     tscale = _F32(tensor if tensor is not None else 1)

@@ -145,7 +145,9 @@ class EmulatedLinear(torch.nn.Linear):
             )
         if x.shape[-1] != self.in_features:
             raise ValueError(f"{self.name}: input has {x.shape[-1]} features, the layer {self.in_features}")
-        self.step += 1
+        # (a plain attribute: nn.Module.__setattr__, which looks for parameters, buffers and
+        # submodules first, costs more than a small GEMM operand's cast)
+        self.__dict__["step"] = self.step + 1
         return _LinearFn.apply(x, self.weight, self.bias, self)
 
     # --- one operand -----------------------------------------------------------------
