@@ -155,6 +155,21 @@ class OperandRecipe:
             raise ValueError("stochastic rounding with delayed scaling is not emulated")
 
     @property
+    def transposes(self) -> bool:
+        """Whether the operand cast in one orientation, transposed, is its cast in the other,
+        bit for bit: nothing positional enters (no stochastic words, no Hadamard transform) and
+        its blocks transpose with it (an element format, one scale per tensor, square 2-D tiles
+        with padding); each element's value depends on its own and its block's (and tensor's)
+        amax only (tests/emulate/test_fused.py checks it on the numpy tier)."""
+        f = self.format
+        if self.stochastic or self.hadamard or isinstance(f, DelayedScaling):
+            return False
+        if isinstance(f, BlockFormat):
+            square = f.block is not None and len(f.block) == 2 and f.block[0] == f.block[1] and f.pad
+            return f.block is None or square
+        return True
+
+    @property
     def name(self) -> str:
         f = self.format
         if isinstance(f, DelayedScaling):

@@ -7,7 +7,11 @@ forward and backward are one ``torch.autograd.Function``: fprop, dgrad and wgrad
 along that GEMM's contraction axis (:func:`fpsim.train.gemm.quantize_operand`), the GEMM an
 FP32 ``torch.matmul`` of the dequantized operands (or the recipe's emulated accumulator,
 :func:`fpsim.train.gemm.gemm`), the bias added after it in FP32 and its gradient summed from the
-high-precision ``dy``.
+high-precision ``dy``. A role whose cast transposes with it
+(:attr:`fpsim.train.gemm.OperandRecipe.transposes`: element formats, one scale per tensor,
+square tiles; no stochastic words, no Hadamard transform) is cast once per step and read
+transposed by its second GEMM, the same bits as casting it again (without ``stats``, which
+are recorded per GEMM).
 
 The quantization runs on numpy (the emulator's code); CUDA tensors are copied to the host for
 it (no Triton path yet). Parameters and inputs must be float32.
@@ -116,6 +120,11 @@ class EmulatedLinear(torch.nn.Linear):
             for r in ROLES
             if isinstance(w.operand(r).format, DelayedScaling)
         }
+        # roles cast once per step for both GEMMs, the second reading the first transposed
+        # (the same bits: OperandRecipe.transposes); without statistics, which are per GEMM
+        self.shared = frozenset(
+            r for r in ROLES if r not in self.delayed and not stats and recipe.operand(r).transposes
+        )
         self.gemm_stats: list[GemmStat] = []
         self._check_weight()
         return self
@@ -198,6 +207,10 @@ class EmulatedLinear(torch.nn.Linear):
     def is_delayed(self, role: str) -> bool:
         return role in self.delayed
 
+    def once(self, role: str) -> bool:
+        """Whether ``role`` is cast once per step (delayed scaling, or ``shared``)."""
+        return role in self.delayed or role in self.shared
+
 
 def _gemm(a: np.ndarray, b: np.ndarray, mod: EmulatedLinear) -> torch.Tensor:
     """``a @ b^T`` (both contiguous, contraction axis last): FP32, or the recipe's accumulator."""
@@ -221,11 +234,15 @@ class _LinearFn(torch.autograd.Function):
             ctx.xq_wgrad = np.ascontiguousarray(xq.T)
         else:
             xq = mod.quantized(x2, "input", Gemm.FPROP, step)
+            if mod.once("input"):
+                ctx.xq_wgrad = np.ascontiguousarray(xq.T)
         if mod.is_delayed("weight"):
             wq = mod.delayed_quantized(w, "weight", step)
             ctx.wq_dgrad = np.ascontiguousarray(wq.T)
         else:
             wq = mod.quantized(w, "weight", Gemm.FPROP, step)
+            if mod.once("weight"):
+                ctx.wq_dgrad = np.ascontiguousarray(wq.T)
         y = _gemm(xq, wq, mod)
         if bias is not None:
             y = y + bias.detach().to("cpu")
@@ -242,12 +259,15 @@ class _LinearFn(torch.autograd.Function):
             gq_d, gq_w = gq, np.ascontiguousarray(gq.T)
         else:
             gq_d = mod.quantized(dy2, "grad_output", Gemm.DGRAD, step)
-            gq_w = mod.quantized(np.ascontiguousarray(dy2.T), "grad_output", Gemm.WGRAD, step)
-        if mod.is_delayed("weight"):
+            if mod.once("grad_output"):
+                gq_w = np.ascontiguousarray(gq_d.T)
+            else:
+                gq_w = mod.quantized(np.ascontiguousarray(dy2.T), "grad_output", Gemm.WGRAD, step)
+        if mod.once("weight"):
             wq_d = ctx.wq_dgrad
         else:
             wq_d = mod.quantized(np.ascontiguousarray(ctx.w.T), "weight", Gemm.DGRAD, step)
-        if mod.is_delayed("input"):
+        if mod.once("input"):
             xq_w = ctx.xq_wgrad
         else:
             xq_w = mod.quantized(np.ascontiguousarray(ctx.x2.T), "input", Gemm.WGRAD, step)

@@ -45,3 +45,28 @@ def test_an_uncovered_format_is_said_once_and_runs_unfused(monkeypatch):
     said = [str(w.message) for w in got if issubclass(w.category, fpsim.FallbackWarning)]
     assert len(said) == 1 and "float32: formats of 32 bits" in said[0], said
     assert np.array_equal(q, a)  # float32 stores float32 as it is
+
+
+def test_operands_that_transpose_are_their_transposed_cast():
+    """OperandRecipe.transposes (the layer casts such a role once per step and reads it
+    transposed in the other GEMM) holds on the numpy tier: fpsim.quantize of x^T is that of x,
+    transposed, bit for bit (NaN by class), on ragged tiles; the operands it excludes differ."""
+    ops = {
+        op.format.name: op
+        for r in G.GEMM_RECIPES.values()
+        for op in (r.input, r.weight, r.grad_output)
+        if not isinstance(op.format, fpsim.DelayedScaling)  # (cast once per step by design)
+    }
+    shared = {name for name, op in ops.items() if op.transposes}
+    assert shared == {"bfloat16", "e4m3_tensor", "e5m2_tensor", "e4m3_tile128", "nvfp4_tile16"}
+    rng = np.random.default_rng(4)
+    x = np.ldexp(rng.standard_normal((150, 40)), rng.integers(-30, 30, (150, 40))).astype(np.float32)
+    x[3, 5], x[7, 1], x[140, 39] = np.nan, np.inf, -0.0
+    for name, op in ops.items():
+        a = np.asarray(fpsim.quantize(np.ascontiguousarray(x.T), op.format, backend="numpy"))
+        b = np.asarray(fpsim.quantize(x, op.format, backend="numpy")).T
+        nan = np.isnan(a)
+        same = np.array_equal(nan, np.isnan(b)) and np.array_equal(
+            a[~nan].view(np.uint32), b[~nan].view(np.uint32)
+        )
+        assert same == (name in shared), name
