@@ -2,7 +2,7 @@
 
 Run: ``python benchmarks/bench_gemm.py [--steps 5] [--warmup 2] [--tokens 256]
 [--models tiny,25m] [--recipes bf16,...] [--backend auto] [--stats] [--threads 1]
-[--profile RECIPE] [--json OUT]``.
+[--clock wall] [--profile RECIPE] [--json OUT]``.
 
 A step is forward, backward and ``torch.optim.Adam.step()`` of a model converted with
 ``fpsim.train.torch.convert(model, recipe)`` (``--stats``: also with ``stats=True``, the
@@ -13,7 +13,10 @@ emulated ones (so that load from other processes hits both alike). Each recipe r
 their ratio (goal: <= 3x). torch runs on ``--threads`` threads (default 1: on a machine shared
 with other jobs, a parallel FP32 step of a few milliseconds waits on descheduled threads and
 the ratios become noise); fpsim's compiled
-loops use their own pool either way. Models:
+loops use their own pool either way. ``--clock cpu`` times the steps in this process's CPU time
+(``time.process_time``: all its threads) instead of wall time: on a machine other jobs load, a
+step of a few milliseconds is often descheduled, and the CPU time of single-threaded steps
+(torch on one thread, the compiled loops on one for small tensors) is the steadier measure. Models:
 
 - ``tiny``: the tiny transformer of :mod:`fpsim.trace.sample` (6,076 parameters, batch 64 of
   12 tokens, the same data).
@@ -75,17 +78,19 @@ def _tiny():
 class Loop:
     """A model, its Adam and the batch: :meth:`step` times one training step."""
 
-    def __init__(self, model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor) -> None:
-        self.model, self.x, self.y = model, x, y
+    def __init__(
+        self, model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, clock=time.perf_counter
+    ) -> None:
+        self.model, self.x, self.y, self.clock = model, x, y, clock
         self.opt = torch.optim.Adam(model.parameters(), lr=1e-4)
 
     def step(self) -> float:
-        t = time.perf_counter()
+        t = self.clock()
         loss = torch.nn.functional.cross_entropy(self.model(self.x), self.y)
         self.opt.zero_grad()
         loss.backward()
         self.opt.step()
-        return time.perf_counter() - t
+        return self.clock() - t
 
 
 def compare(base: Loop, emulated: Loop, warmup: int, steps: int, profile=None) -> tuple[float, float]:
@@ -112,8 +117,9 @@ def run(args) -> list[dict]:
         for recipe in args.recipes:
             for stats in (False, True) if args.stats else (False,):
                 prof = cProfile.Profile() if recipe == args.profile and not stats else None
-                base = Loop(build(), x, y)  # fresh: both models take the same steps from one start
-                emulated = Loop(convert(build(), recipe, backend=args.backend, stats=stats), x, y)
+                clock = time.process_time if args.clock == "cpu" else time.perf_counter
+                base = Loop(build(), x, y, clock)  # fresh: both models take the same steps from one start
+                emulated = Loop(convert(build(), recipe, backend=args.backend, stats=stats), x, y, clock)
                 tb, te = compare(base, emulated, args.warmup, args.steps, prof)
                 row = {"model": name, "recipe": recipe, "stats": stats, "ms": te * 1e3, "fp32_ms": tb * 1e3}
                 row["ratio"] = te / tb
@@ -138,6 +144,9 @@ def main() -> None:
     p.add_argument("--stats", action="store_true", help="also time each recipe with stats=True")
     p.add_argument("--profile", default=None)
     p.add_argument("--threads", type=int, default=1, help="torch's CPU threads (default 1, see the doc)")
+    p.add_argument(
+        "--clock", choices=("wall", "cpu"), default="wall", help="what a step's time is (see the doc)"
+    )
     p.add_argument("--json", default=None)
     args = p.parse_args()
     args.models = args.models.split(",")
