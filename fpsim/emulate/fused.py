@@ -30,7 +30,7 @@ from .blocks import block_geometry
 from .random import SEED_MULTIPLIER
 from .scale_rules import block_factors
 
-__all__ = ["quantize_values", "uncovered"]
+__all__ = ["covers", "quantize_values", "uncovered"]
 
 _F32 = np.float32
 _NONE32 = _compiled.frozen(np.zeros(0, np.float32))
@@ -58,6 +58,16 @@ def uncovered(fmt: AnyFormat | BlockFormat) -> str | None:
             return f"{fmt.name}: formats of {fmt.bits} bits in a fused quantize-dequantize"
         return None
     return f"{type(fmt).__name__} in a fused quantize-dequantize"
+
+
+def covers(fmt: AnyFormat | BlockFormat) -> bool:
+    """Whether :func:`quantize_values` runs ``fmt``; where not, said so once (a
+    :class:`fpsim.FallbackWarning` naming what :func:`uncovered` names), and the caller runs
+    the unfused encode and decode."""
+    why = uncovered(fmt)
+    if why is not None:
+        _compiled.fallback(why, "its unfused encode and decode run it")
+    return why is None
 
 
 @dataclass(frozen=True)

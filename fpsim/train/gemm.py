@@ -160,7 +160,7 @@ class OperandRecipe:
         bit for bit: nothing positional enters (no stochastic words, no Hadamard transform) and
         its blocks transpose with it (an element format, one scale per tensor, square 2-D tiles
         with padding); each element's value depends on its own and its block's (and tensor's)
-        amax only (tests/emulate/test_fused.py checks it on the numpy tier)."""
+        amax only (tests/train/test_fused_operand.py checks it on the numpy tier)."""
         f = self.format
         if self.stochastic or self.hadamard or isinstance(f, DelayedScaling):
             return False
@@ -340,7 +340,8 @@ def hadamard16(a: np.ndarray, backend: Backend = Backend.NUMPY) -> np.ndarray:
     accumulate in FP32 on tensor cores, so their last bit can differ).
 
     ``backend``: :attr:`Backend.COMPILED` runs :func:`fpsim._compiled.operand.hadamard16` on a
-    float32 ``a`` (the same float64 operations in the same order, tested to give the same bits).
+    float32 ``a`` (the same float64 operations in the same order, tested to give the same bits;
+    another dtype runs on numpy, said once with a :class:`fpsim.FallbackWarning`).
 
     Raises:
         ValueError: a last axis that 16 does not divide (TE refuses it too).
@@ -349,10 +350,12 @@ def hadamard16(a: np.ndarray, backend: Backend = Backend.NUMPY) -> np.ndarray:
     if n % 16:
         raise ValueError(f"the Hadamard transform needs a contraction length divisible by 16, got {n}")
     rows = a.size // 16
-    if backend is Backend.COMPILED and a.dtype == _F32:
-        out = np.empty(a.shape, _F32)
-        load_operand().hadamard16(frozen(a), _SIGNS, out.reshape(-1))
-        return out
+    if backend is Backend.COMPILED:
+        if a.dtype == _F32:
+            out = np.empty(a.shape, _F32)
+            load_operand().hadamard16(frozen(a), _SIGNS, out.reshape(-1))
+            return out
+        fallback(f"the Hadamard transform of {a.dtype} arrays")
     # the 16 entries of each chunk down the first axis (v[j] = s_j * entry j of every chunk,
     # exact), so that each butterfly stage adds and subtracts long contiguous rows
     v, w = np.empty((16, rows)), np.empty((16, rows))
@@ -422,7 +425,7 @@ def quantize_operand(
     """
     fmt = op.format
     mode = RoundMode.STOCHASTIC if random_bits is not None else RoundMode.NEAREST_EVEN
-    if backend is Backend.COMPILED and not stats and _fusable(fmt):
+    if backend is Backend.COMPILED and not stats and fused.covers(fmt):
         return fused.quantize_values(a, fmt, mode, rand=random_bits), None
     if isinstance(fmt, BlockFormat):
         enc = blocks.encode_array(a, fmt, mode, backend, rand=random_bits)
@@ -442,14 +445,6 @@ def quantize_operand(
     with np.errstate(invalid="ignore"):
         beyond = np.abs(a) > fmt.max
     return q, operand_stats(a, q, beyond, None, saturated=beyond)
-
-
-def _fusable(fmt: Format | BlockFormat) -> bool:
-    """Whether :func:`fpsim.emulate.fused.quantize_values` runs ``fmt`` (else said so, once)."""
-    why = fused.uncovered(fmt)
-    if why is not None:
-        fallback(why, "its unfused encode and decode run it")
-    return why is None
 
 
 def delayed_cast(
@@ -587,7 +582,7 @@ def module_operand(
         except ValueError as e:
             raise ValueError(f"{module}: {role} in {g.value} {shape}: {e}") from None
     try:
-        if op.stochastic and backend is Backend.COMPILED and not stats and _fusable(op.format):
+        if op.stochastic and backend is Backend.COMPILED and not stats and fused.covers(op.format):
             # the operand's words drawn inside the compiled loop (operand_words, not materialized)
             seed = operand_seed(recipe.seed, module, step, g, role)
             return fused.quantize_values(a, op.format, RoundMode.STOCHASTIC, seed=seed), None

@@ -45,6 +45,12 @@ def test_an_uncovered_format_is_said_once_and_runs_unfused(monkeypatch):
     said = [str(w.message) for w in got if issubclass(w.category, fpsim.FallbackWarning)]
     assert len(said) == 1 and "float32: formats of 32 bits" in said[0], said
     assert np.array_equal(q, a)  # float32 stores float32 as it is
+    with warnings.catch_warnings(record=True) as got:
+        warnings.simplefilter("always")
+        h = G.hadamard16(a.astype(np.float64), fpsim.Backend.COMPILED)
+    said = [str(w.message) for w in got if issubclass(w.category, fpsim.FallbackWarning)]
+    assert len(said) == 1 and "Hadamard transform of float64" in said[0], said
+    assert np.array_equal(h, G.hadamard16(a))
 
 
 def test_operands_that_transpose_are_their_transposed_cast():
