@@ -1,5 +1,6 @@
 """Compiled quantize-dequantize of one tensor (numba): the float32 values a block or element
-format stores for it, written in one pass without materializing codes or scales.
+format stores for it, written in one pass without materializing the element codes (a tile's
+buffer only); and :func:`hadamard16`, NVFP4's wgrad transform.
 
 The loops here compose the compiled tier's rules, they hold none of their own: the element
 codes are :func:`fpsim._compiled.measure.codes_tile` (the numpy tier's integer rounding rules,
@@ -10,7 +11,9 @@ pieces, and the per-block factors and decode scales come in from the numpy rules
 (:func:`fpsim.emulate.scale_rules.block_factors`, one amax per block), applied by kind as
 :func:`~fpsim._compiled.measure.block_tally` applies them. :mod:`fpsim.emulate.fused` drives
 them; ``tests/emulate/test_fused.py`` compares every value with ``decode(encode(x))`` of the
-numpy tier, bit for bit.
+numpy tier, bit for bit. :func:`hadamard16` runs the float64 operations of
+:func:`fpsim.train.gemm.hadamard16` in the same order (``tests/train/test_fused_operand.py``
+compares them).
 
 Unlike :mod:`.loops` and :mod:`.measure`, these loops call compiled functions of other files,
 whose compiled code numba stores inside this file's cache entries while checking only this

@@ -2,12 +2,14 @@
 
 :func:`quantize_values` gives the float32 values that ``decode_array(encode_array(x))`` of
 :mod:`fpsim.emulate.blocks` (a block format) or :mod:`fpsim.emulate.element` (an element
-format) gives, without their codes and scales: the blocks' amaxes in one compiled pass
-(:func:`fpsim._compiled.measure.block_amax`), their factors and decode scales by the numpy
-rules (:func:`fpsim.emulate.scale_rules.block_factors`, one value per block), then the
-elements scaled, cast and decoded in one compiled pass (:mod:`fpsim._compiled.operand`). What
-depends only on the format and the shape (the blocking, the loops' parameters) is worked out
-once and kept. The emulated GEMMs of :mod:`fpsim.train` read their operands this way.
+format) gives, without materializing the element codes: the blocks' amaxes in one compiled
+pass (:func:`fpsim._compiled.operand.block_amax`; NVFP4's tensor amax is their largest), their
+factors and decode scales by the numpy rules (:func:`fpsim.emulate.scale_rules.block_factors`,
+one value per block), then the elements scaled, cast (stochastic words given, or drawn from a
+seed inside the loop) and decoded in one compiled pass (:mod:`fpsim._compiled.operand`). What
+depends only on the format and the shape (the blocking, the loops' parameters, the scale
+table) is worked out once and kept. The emulated GEMMs of :mod:`fpsim.train` read their
+operands this way on the compiled backend.
 
 Covered: element formats of at most 16 bits and block formats of such elements with a
 non-codebook scale rule whose blocks span at most the last two axes (every preset GEMM recipe's
