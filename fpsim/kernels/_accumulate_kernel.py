@@ -46,7 +46,7 @@ import triton.language as tl
 from fpsim.formats import RoundMode
 
 from ._codes import Comp, Words
-from .accumulate import FORMAT_PARAMS
+from .accumulate import FORMAT_PARAMS, AccumulatorFormatArgs
 
 _INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"  # set by _loader.kernel_module
 
@@ -80,6 +80,16 @@ _WORDS_SPLITMIX64 = tl.constexpr(int(Words.SPLITMIX64))
 # (accumulator, product, promotion) of _NF entries each, then the two SplitMix64 stream
 # offsets (accumulator, products).
 _NF = tl.constexpr(FORMAT_PARAMS)
+# A format's numbers in the tuple _format returns: the fields of accumulate.AccumulatorFormatArgs at
+# their positions (as in the tensor), then the derived ones.
+_FIELDS = AccumulatorFormatArgs._fields
+_M, _EMIN, _LO, _SPAN, _CMAX = (
+    tl.constexpr(_FIELDS.index(f)) for f in ("m", "emin", "lo_bits", "span_bits", "code_max")
+)
+_HAS_INF, _NO_NAN, _NO_NEG0, _FTZ = (
+    tl.constexpr(_FIELDS.index(f)) for f in ("ieee", "finite", "fnuz", "ftz")
+)
+_D, _KEEP, _HALF, _ZERO_SLOW = (tl.constexpr(len(_FIELDS) + i) for i in range(4))
 _ABS = tl.constexpr(0x7FFFFFFFFFFFFFFF)
 _INF64 = tl.constexpr(0x7FF0000000000000)
 _NAN64 = tl.constexpr(0x7FF8000000000000)
@@ -110,28 +120,26 @@ def _any(flags):
 
 @_jit
 def _format(par_ptr, which):
-    """The numbers of format ``which`` (0 accumulator, 1 product, 2 promotion), a tuple:
-
-    0 mantissa bits m, 1 emin, 2 float64 bits of the smallest normal (lo), 3 bits(max) - lo,
-    4 code of max, 5 IEEE (has inf), 6 FINITE (no NaN), 7 FNUZ (no -0), 8 flush subnormal
-    results; derived: 9 ``d = 52 - m`` (uint64), 10 the mask keeping the top ``m`` float64
-    fraction bits, 11 half a quantum ``2**(d - 1)``, 12 1 when zeros take the slow path
-    (FNUZ: -0 becomes +0).
+    """The numbers of format ``which`` (0 accumulator, 1 product, 2 promotion), a tuple: the
+    fields of :class:`~fpsim.kernels.accumulate.AccumulatorFormatArgs` at their positions
+    (``_M`` ... ``_FTZ``), then derived: ``_D`` ``d = 52 - m`` (uint64), ``_KEEP`` the mask
+    keeping the top ``m`` float64 fraction bits, ``_HALF`` half a quantum ``2**(d - 1)``,
+    ``_ZERO_SLOW`` 1 when zeros take the slow path (FNUZ: -0 becomes +0).
     """
     p = par_ptr + which * _NF
-    m = tl.load(p + 0)
-    fnuz = tl.load(p + 7)
+    m = tl.load(p + _M)
+    fnuz = tl.load(p + _NO_NEG0)
     d = (52 - m).to(tl.uint64)
     one = (m * 0 + 1).to(tl.uint64)
     return (
-        m,
+        tl.load(p + 0),
         tl.load(p + 1),
         tl.load(p + 2).to(tl.uint64, bitcast=True),
         tl.load(p + 3).to(tl.uint64, bitcast=True),
         tl.load(p + 4).to(tl.uint64, bitcast=True),
         tl.load(p + 5),
         tl.load(p + 6),
-        fnuz,
+        tl.load(p + 7),
         tl.load(p + 8),
         d,
         ~((one << d) - 1),
@@ -279,13 +287,13 @@ def _rsum(u, v, r, nbits, F, MODE: tl.constexpr, EXACT: tl.constexpr):
         b = (s.to(tl.uint64, bitcast=True) - below.to(tl.uint64)) | nz.to(tl.uint64)
     mag = b & _ABS
     # outside [min normal, max] (uint64 wrap-around); zeros keep their bits but for FNUZ
-    slow = ((mag - F[2]) > F[3]) & ((mag | F[12]) != 0)
-    d = F[9]
-    keep = F[10]
+    slow = ((mag - F[_LO]) > F[_SPAN]) & ((mag | F[_ZERO_SLOW]) != 0)
+    d = F[_D]
+    keep = F[_KEEP]
     if MODE == _NEAREST_EVEN:
-        fast = (b + ((b >> d) & 1) + (F[11] - 1)) & keep
+        fast = (b + ((b >> d) & 1) + (F[_HALF] - 1)) & keep
     elif MODE == _NEAREST_AWAY:
-        fast = (b + F[11]) & keep
+        fast = (b + F[_HALF]) & keep
     elif MODE == _TOWARD_ZERO:
         fast = b & keep
     else:
@@ -294,14 +302,14 @@ def _rsum(u, v, r, nbits, F, MODE: tl.constexpr, EXACT: tl.constexpr):
         if MODE == _ODD:
             fast = fast | ((rem != 0).to(tl.uint64) << d)
         elif MODE == _STOCHASTIC:  # up iff floor(f * 2**n) + R >= 2**n
-            sh = 52 - F[0] - nbits
+            sh = 52 - F[_M] - nbits
             top = tl.where(
                 sh >= 0,
                 rem >> tl.minimum(tl.maximum(sh, 0), 63).to(tl.uint64),
                 rem << tl.minimum(tl.maximum(-sh, 0), 63).to(tl.uint64),
             )
             nb = nbits.to(tl.uint64)
-            top = top + (r & (((F[11] * 0 + 1) << nb) - 1))
+            top = top + (r & (((F[_HALF] * 0 + 1) << nb) - 1))
             fast = fast + ((top >> nb) << d)
         else:
             neg = b > _ABS
@@ -311,7 +319,9 @@ def _rsum(u, v, r, nbits, F, MODE: tl.constexpr, EXACT: tl.constexpr):
                 up = (rem != 0) & ~neg
             fast = fast + (up.to(tl.uint64) << d)
     if _any(slow):  # only where needed
-        val = _encode_value(b, r, nbits, F[0], F[1], F[4], F[5], F[6], F[7], F[8], MODE)
+        val = _encode_value(
+            b, r, nbits, F[_M], F[_EMIN], F[_CMAX], F[_HAS_INF], F[_NO_NAN], F[_NO_NEG0], F[_FTZ], MODE
+        )
         fast = tl.where(slow, val, fast)
     res = fast.to(tl.float64, bitcast=True)
     if MODE == _TOWARD_NEGATIVE and not EXACT:
