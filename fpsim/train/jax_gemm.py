@@ -217,23 +217,61 @@ def linear(
             operand's format refuses, a state missing, unwanted or shaped unlike
             :func:`init_state`'s (named).
     """
-    recipe, backend = resolve_recipe(recipe), Backend.resolve(backend)
-    spec = recipe.accumulate
-    policy = {r: recipe.operand(r).format for r in _delayed_roles(recipe)}
-    # jax.vmap runs the host callbacks once per batch element: dense of each element alone. Not
-    # with delayed scaling, whose batched new states would be summed into one gradient.
-    vmap = None if policy else "sequential"
+    layer = _Layer(resolve_recipe(recipe), name, Backend.resolve(backend))
+    dense2 = jax.custom_vjp(lambda x2, w, step, state: layer.fwd(x2, w, step, state)[0])
+    dense2.defvjp(layer.fwd, layer.bwd)
 
-    def host_gemm(a, b):
+    def dense(
+        x: jax.Array, w: jax.Array, step: jax.Array | int, state: DelayedStates | None = None
+    ) -> jax.Array:
+        x, w, step = layer.check(x, w, step, state)
+        m, k = int(np.prod(x.shape[:-1], dtype=np.int64)), x.shape[-1]
+        return dense2(x.reshape(m, k), w, step, state).reshape(*x.shape[:-1], w.shape[0])
+
+    return dense
+
+
+class _Layer:
+    """What :func:`linear`'s ``dense`` runs: the checks while tracing, the host callbacks
+    (quantization and GEMMs) and the custom VJP's forward and backward."""
+
+    def __init__(self, recipe: GemmRecipe, name: str, backend: Backend) -> None:
+        self.recipe, self.name, self.backend = recipe, name, backend
+        self.policy = {r: recipe.operand(r).format for r in _delayed_roles(recipe)}
+        # jax.vmap runs the host callbacks once per batch element: dense of each element alone.
+        # Not with delayed scaling, whose batched new states would be summed into one gradient.
+        self.vmap = None if self.policy else "sequential"
+
+    def check(self, x, w, step, state) -> tuple[jax.Array, jax.Array, jax.Array]:
+        """``x``, ``w`` and ``step`` as arrays, after refusing what does not fit (named)."""
+        name = self.name
+        dt = [getattr(a, "dtype", type(a).__name__) for a in (x, w)]
+        if any(d != np.float32 for d in dt):  # checked before jnp.asarray casts float64 down
+            raise ValueError(f"{name}: emulated GEMMs take float32 inputs and weights, got {dt[0]} / {dt[1]}")
+        x, w = jnp.asarray(x), jnp.asarray(w)
+        if w.ndim != 2 or x.ndim < 1:
+            raise ValueError(f"{name}: w must be 2-D (N, K) and x (..., K), got {w.shape} and {x.shape}")
+        n, k = w.shape
+        if x.shape[-1] != k:
+            raise ValueError(f"{name}: input has {x.shape[-1]} features, the weight {k}")
+        _check(self.recipe, name, int(np.prod(x.shape[:-1], dtype=np.int64)), n, k)
+        _check_state(self.recipe, name, state)
+        step = jnp.asarray(step, jnp.int32)
+        if step.shape != ():
+            raise ValueError(f"{name}: step must be a scalar, got shape {step.shape}")
+        return x, w, step
+
+    def _host_gemm(self, a, b):
         a, b = np.ascontiguousarray(a, _F32), np.ascontiguousarray(b, _F32)
+        spec = self.recipe.accumulate
         return np.matmul(a, b.T) if spec is None else gemm(a, b, spec)
 
-    def mm(a, b):
+    def mm(self, a, b):
         """``a @ b^T`` on the host: numpy's FP32 matmul, or the recipe's accumulator."""
         out = jax.ShapeDtypeStruct((a.shape[0], b.shape[0]), jnp.float32)
-        return jax.pure_callback(host_gemm, out, a, b, vmap_method=vmap)
+        return jax.pure_callback(self._host_gemm, out, a, b, vmap_method=self.vmap)
 
-    def quantized(keys, arrays, step, states):
+    def quantized(self, keys, arrays, step, states):
         """The operands ``keys`` of the oriented ``arrays``, quantized on the host, and the next
         state of each delayed role among them (``states``: the role's RoleState, or None)."""
 
@@ -241,9 +279,9 @@ def linear(
             out, new = [], []
             for (role, g), a, st in zip(keys, xs, sts):
                 if st is None:
-                    out.append(_quantize(a, recipe, role, g, name, int(s), backend))
+                    out.append(_quantize(a, self.recipe, role, g, self.name, int(s), self.backend))
                 else:
-                    q, nst = _delayed(a, policy[role], st, backend)
+                    q, nst = _delayed(a, self.policy[role], st, self.backend)
                     out.append(q)
                     new.append(nst)
             return tuple(out), tuple(new)
@@ -251,22 +289,18 @@ def linear(
         f32 = lambda a: jax.ShapeDtypeStruct(jnp.shape(a), jnp.float32)  # noqa: E731
         new = tuple(RoleState(f32(st.history), f32(st.scale)) for st in states if st is not None)
         out = (tuple(f32(a) for a in arrays), new)
-        return jax.pure_callback(host, out, tuple(arrays), step, tuple(states), vmap_method=vmap)
+        return jax.pure_callback(host, out, tuple(arrays), step, tuple(states), vmap_method=self.vmap)
 
-    @jax.custom_vjp
-    def dense2(x2, w, step, state):
-        return fwd(x2, w, step, state)[0]
-
-    def fwd(x2, w, step, state):
+    def fwd(self, x2, w, step, state):
         st = DelayedStates() if state is None else state
-        (xq, wq), new = quantized(_OPERANDS[:2], (x2, w), step, (st.input, st.weight))
+        (xq, wq), new = self.quantized(_OPERANDS[:2], (x2, w), step, (st.input, st.weight))
         new = iter(new)
         new_in = next(new) if st.input is not None else None
         new_w = next(new) if st.weight is not None else None
         keep = (None if new_in is None else xq, None if new_w is None else wq)
-        return mm(xq, wq), (x2, w, step, state, keep, new_in, new_w)
+        return self.mm(xq, wq), (x2, w, step, state, keep, new_in, new_w)
 
-    def bwd(res, dy):
+    def bwd(self, res, dy):
         x2, w, step, state, (xq, wq), new_in, new_w = res
         g_st = None if state is None else state.grad_output
         want = [(_OPERANDS[2], dy, g_st)]  # the delayed casts of the forward serve the backward
@@ -277,7 +311,7 @@ def linear(
         if xq is None:
             want.append((_OPERANDS[5], x2.T, None))
         keys, arrays, sts = zip(*want)
-        qs, new = quantized(keys, arrays, step, sts)
+        qs, new = self.quantized(keys, arrays, step, sts)
         qs = iter(qs)
         gq_d = next(qs)
         wq_d = next(qs) if wq is None else wq.T
@@ -286,28 +320,4 @@ def linear(
         d_state = (
             None if state is None else DelayedStates(new_in, new_w, new[0] if g_st is not None else None)
         )
-        return mm(gq_d, wq_d), mm(gq_w, xq_w), None, d_state
-
-    dense2.defvjp(fwd, bwd)
-
-    def dense(
-        x: jax.Array, w: jax.Array, step: jax.Array | int, state: DelayedStates | None = None
-    ) -> jax.Array:
-        dt = [getattr(a, "dtype", type(a).__name__) for a in (x, w)]
-        if any(d != np.float32 for d in dt):  # checked before jnp.asarray casts float64 down
-            raise ValueError(f"{name}: emulated GEMMs take float32 inputs and weights, got {dt[0]} / {dt[1]}")
-        x, w = jnp.asarray(x), jnp.asarray(w)
-        if w.ndim != 2 or x.ndim < 1:
-            raise ValueError(f"{name}: w must be 2-D (N, K) and x (..., K), got {w.shape} and {x.shape}")
-        n, k = w.shape
-        if x.shape[-1] != k:
-            raise ValueError(f"{name}: input has {x.shape[-1]} features, the weight {k}")
-        m = int(np.prod(x.shape[:-1], dtype=np.int64))
-        _check(recipe, name, m, n, k)
-        _check_state(recipe, name, state)
-        step = jnp.asarray(step, jnp.int32)
-        if step.shape != ():
-            raise ValueError(f"{name}: step must be a scalar, got shape {step.shape}")
-        return dense2(x.reshape(m, k), w, step, state).reshape(*x.shape[:-1], n)
-
-    return dense
+        return self.mm(gq_d, wq_d), self.mm(gq_w, xq_w), None, d_state
