@@ -380,6 +380,34 @@ def _state_tensors(torch, which, codes, scales, bf, p) -> tuple[Any, Any]:
     return codes, scales.view(torch.int32)
 
 
+def _gradient(torch: Any, g: Any, p: Any) -> tuple[Any, Source]:
+    """``g`` as the kernel reads it (contiguous float32 / 16-bit bit patterns) and its
+    :class:`Source`, after refusing a gradient that does not fit ``p`` (named)."""
+    if not isinstance(g, torch.Tensor):
+        raise TypeError(f"g must be a torch tensor; got {type(g).__name__}")
+    g_src = {
+        torch.float32: Source.FLOAT32,
+        torch.float16: Source.FLOAT16,
+        torch.bfloat16: Source.BFLOAT16,
+    }.get(g.dtype)
+    if g_src is None:
+        raise TypeError(f"g must be float32, float16 or bfloat16; got {g.dtype}")
+    if tuple(g.shape) != tuple(p.shape) or g.device != p.device:
+        raise ValueError(
+            f"g must have p's shape {tuple(p.shape)} on {p.device}; got {tuple(g.shape)} on {g.device}"
+        )
+    return g.contiguous().view(torch.int32 if g_src is Source.FLOAT32 else torch.int16), g_src
+
+
+def _tiling(bsize: int, nb: int, interp: bool) -> tuple[int, int, tuple[int]]:
+    """``(BP, K, grid)``: a block padded to a power of two, blocks per program (a tile of about
+    the interpreter's or the GPU's size, no more than the tensor has) and the launch grid."""
+    bp = 1 << max(0, (bsize - 1).bit_length())
+    k = max(1, (_TILE_CPU if interp else _TILE_GPU) // bp)
+    k = min(k, 1 << max(0, (nb - 1).bit_length()))
+    return bp, k, (-(-nb // k),)
+
+
 def adamw_step(
     p: Any,
     g: Any,
@@ -438,19 +466,7 @@ def adamw_step(
     mrec, vrec = state_recipe("m_recipe", m_recipe), state_recipe("v_recipe", v_recipe)
     bsize = _block(mrec, vrec)
     pv = _p_view(torch, p, mfmt)
-    if not isinstance(g, torch.Tensor):
-        raise TypeError(f"g must be a torch tensor; got {type(g).__name__}")
-    g_src = {
-        torch.float32: Source.FLOAT32,
-        torch.float16: Source.FLOAT16,
-        torch.bfloat16: Source.BFLOAT16,
-    }.get(g.dtype)
-    if g_src is None:
-        raise TypeError(f"g must be float32, float16 or bfloat16; got {g.dtype}")
-    if tuple(g.shape) != tuple(p.shape) or g.device != p.device:
-        raise ValueError(
-            f"g must have p's shape {tuple(p.shape)} on {p.device}; got {tuple(g.shape)} on {g.device}"
-        )
+    g, g_src = _gradient(torch, g, p)
     n = p.numel()
     if n == 0:
         raise ValueError("adamw_step: p is empty")
@@ -465,7 +481,6 @@ def adamw_step(
         pv, mc, vc = pv.contiguous(), mc.contiguous(), vc.contiguous()
         ms = ms.contiguous() if ms is not None else None
         vs = vs.contiguous() if vs is not None else None
-    g = g.contiguous().view(torch.int32 if g_src is Source.FLOAT32 else torch.int16)
 
     rand, rand_kind, seed_arg = pv, Random.NONE, 0
     if mode is RoundMode.STOCHASTIC:
@@ -486,10 +501,7 @@ def adamw_step(
     interp = is_interpreted(dev)
     m_tab, m_mid = _state_tables(mrec, str(dev))
     v_tab, v_mid = _state_tables(vrec, str(dev))
-    bp = 1 << max(0, (bsize - 1).bit_length())
-    k = max(1, (_TILE_CPU if interp else _TILE_GPU) // bp)
-    k = min(k, 1 << max(0, (nb - 1).bit_length()))
-    grid = (-(-nb // k),)
+    bp, k, grid = _tiling(bsize, nb, interp)
     dummy = m_tab.view(torch.int32)  # the scales of FP32 states: never read nor written
     ms_in, vs_in, ms_w, vs_w = (dummy if x is None else x for x in (ms, vs, ms_out, vs_out))
     extra = {} if interp else {"num_warps": 4 if bp * k <= 2048 else 8, "enable_fp_fusion": False}
