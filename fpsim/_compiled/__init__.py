@@ -133,8 +133,9 @@ def fallback(case: str, instead: str = "numpy runs it") -> None:
 
 def load() -> ModuleType:
     """The module of compiled loops (imports numba; compiled code is cached on disk)."""
-    from . import loops as mod
-
+    mod = sys.modules.get(f"{__name__}.loops")  # imported: no import machinery per call
+    if mod is None or getattr(mod.__spec__, "_initializing", False):  # (or wait for the import)
+        from . import loops as mod
     return mod
 
 

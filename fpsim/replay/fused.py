@@ -85,8 +85,24 @@ def _moment_args(st: _State) -> tuple:
     return int(st.kind), st.table, st.base, st.thr, st.eps, st.elem_max
 
 
-@functools.lru_cache(maxsize=1024)
+_KEPT: dict[tuple[int, tuple], tuple[Any, _State | None]] = {}
+
+
 def _state(bf: Any, shape: tuple) -> _State | None:
+    """:func:`_state_of`, kept by the identity of ``bf`` (a recipe's hash is computed field by
+    field: a step of a small tensor would spend more on it than on its loop)."""
+    key = (id(bf), tuple(shape))
+    kept = _KEPT.get(key)
+    if kept is not None and kept[0] is bf:
+        return kept[1]
+    if len(_KEPT) >= 4096:
+        _KEPT.clear()
+    st = _KEPT[key] = (bf, _state_of(bf, tuple(shape)))  # (bf held: its id is not reused)
+    return st[1]
+
+
+@functools.lru_cache(maxsize=1024)
+def _state_of(bf: Any, shape: tuple) -> _State | None:
     """The kernel's description of state format ``bf`` for a tensor of ``shape``, or None where
     the kernel does not cover it (kept per format and shape: the tables are built once)."""
     n = math.prod(shape)
@@ -233,14 +249,15 @@ def plan(
             the :class:`FusedStep`'s are zeros).
         backend: where the replay runs (the fused step needs :attr:`Backend.COMPILED`).
     """
-    if backend is not Backend.COMPILED:
+    blocks = all(isinstance(f, (BlockFormat, QMapBlocks)) for f in formats.values())
+    if backend is not Backend.COMPILED or not blocks:
+        # element formats (bfloat16, float16 moments) are not the fused step's: their unfused step is
+        # the compiled path itself
         return None
     refs = () if ref_states is None else (ref_states["exp_avg"], ref_states["exp_avg_sq"])
     why, m, v, arrays = _refusal(optimizer, formats, stored, p, g, refs)
     if why is not None:
-        # element formats (bfloat16, float16 moments) are not the fused step's: their unfused step is
-        # the compiled path itself; an empty tensor runs nothing
-        if p.size and all(isinstance(f, (BlockFormat, QMapBlocks)) for f in formats.values()):
+        if p.size:  # (an empty tensor runs nothing)
             _compiled.fallback(
                 f"the fused optimizer step with {why}", "the step and the state encoding run apart"
             )

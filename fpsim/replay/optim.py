@@ -32,7 +32,7 @@ import enum
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
-from functools import partial
+from functools import lru_cache, partial
 from typing import Any, ClassVar, NamedTuple
 
 import numpy as np
@@ -286,13 +286,27 @@ class Adam(Optimizer):
 
     def scalars(self, lr: float, t: int) -> AdamScalars:
         """The step's scalars, computed in float64 as Python does and rounded to float32 once
-        (the numpy step, the compiled loop and the Triton kernel all take these)."""
+        (the numpy step, the compiled loop and the Triton kernel all take these). Kept per
+        optimizer, Python float ``lr`` and int ``t``, as every tensor of a step takes the same
+        (other types are computed each time); with the signs of ``lr`` and ``eps``, which
+        equality does not tell (-0.0 gives another ``neg_step`` or ``eps``)."""
+        if type(lr) is float and type(t) is int:
+            return _adam_scalars(self, lr, t, math.copysign(1.0, lr), math.copysign(1.0, self.eps))
+        return self._scalars(lr, t)
+
+    def _scalars(self, lr: float, t: int) -> AdamScalars:
         b1, b2 = self.betas
         mode = int(Decay.of(self.weight_decay, self.decoupled))
         decay = 1 - lr * self.weight_decay if self.decoupled else self.weight_decay
         rest = (decay, 1 - b1, 1 - b2, b2, math.sqrt(1 - b2**t), self.eps, -(lr / (1 - b1**t)))
         with np.errstate(over="ignore"):
             return AdamScalars(mode, *(_F32(x) for x in rest))
+
+
+@lru_cache(maxsize=64)
+def _adam_scalars(opt: Adam, lr: float, t: int, *signs: float) -> AdamScalars:
+    """:meth:`Adam.scalars` kept (``signs``: of ``lr`` and ``eps``, part of the key only)."""
+    return opt._scalars(lr, t)
 
 
 class AdamScalars(NamedTuple):

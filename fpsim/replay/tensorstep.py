@@ -103,6 +103,7 @@ def tensor_step(
     try_fused: bool = True,
     ref_states: dict[str, np.ndarray] | None = None,
     stats: Stats | None = None,
+    storage: dict[str, Any] | None = None,
 ) -> TensorStep:
     """Update number ``t`` (1-based) of tensor ``name`` under ``cfg`` (module doc).
 
@@ -126,10 +127,12 @@ def tensor_step(
             in its thread pool); ``try_fused``: otherwise try the fused step here.
         ref_states: the reference's new states, for the statistics (zeros where not given).
         stats: a :class:`Stats` to add the state statistics to (None: none computed).
+        storage: each state's :meth:`ReplayConfig.state_storage` for this tensor where known
+            (the training optimizers keep it per tensor), else resolved here.
     """
     fmt = master_format if master_format is not None else cfg.master_format(name)
     if fused is None and try_fused:
-        formats = {st: cfg.state_storage(st, name, g.size) for st in stored}
+        formats = {st: storage[st] if storage else cfg.state_storage(st, name, g.size) for st in stored}
         if formats and all(is_quantized(f) for f in formats.values()):
             ref = (
                 ref_states
@@ -146,9 +149,14 @@ def tensor_step(
                 stats.state_err_sq[st], stats.state_ref_sq[st] = err, tot
     else:
         if loaded is None:
-            loaded = load_states(cfg, name, g.size, stored, backend)
+            loaded = (
+                {st: load_state(storage[st], enc, backend) for st, enc in stored.items()}
+                if storage
+                else load_states(cfg, name, g.size, stored, backend)
+            )
         p_f32, exact = optimizer.step(master, g, loaded, lr, t, backend=backend)
-        storage = {st: cfg.state_storage(st, name, v.size) for st, v in exact.items()}
+        if not storage:
+            storage = {st: cfg.state_storage(st, name, v.size) for st, v in exact.items()}
         done = {st: store_and_load(storage[st], v, backend) for st, v in exact.items()}
         new_states = {st: enc for st, (enc, _) in done.items()}
         new_loaded = {st: val for st, (_, val) in done.items()}

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -21,13 +21,13 @@ from .._compiled import Backend
 from ..emulate import element as emulate
 from ..emulate.blocks import BlockCodes
 from ..formats import Format, IntFormat, RoundMode
-from ..replay.config import PRESETS, ReplayConfig
+from ..replay.config import PRESETS, ReplayConfig, StateFormat
 from ..replay.optim import Optimizer
 from ..replay.stats import Stats, tensor_stats
 from ..replay.storage import is_quantized, master_seed, quantize, store_and_load
 from ..replay.tensorstep import seen_grad, tensor_step
 
-__all__ = ["StepStats", "init_tensor", "pack", "resolve_config", "step_tensor", "unpack"]
+__all__ = ["Layout", "StepStats", "init_tensor", "layout", "pack", "resolve_config", "step_tensor", "unpack"]
 
 _F32 = np.float32
 
@@ -54,16 +54,38 @@ def resolve_config(config: ReplayConfig | str) -> ReplayConfig:
     return config
 
 
+class Layout(NamedTuple):
+    """What the update of one tensor takes from the configuration and depends only on its
+    name and size (an optimizer keeps it per tensor instead of resolving it every step):
+    ``storage``, each state's :meth:`ReplayConfig.state_storage`; ``master``, the master
+    copy's format (:meth:`ReplayConfig.master_format`)."""
+
+    storage: dict[str, StateFormat]
+    master: Format
+
+
+def layout(cfg: ReplayConfig, optimizer: Optimizer, name: str, size: int) -> Layout:
+    """The :class:`Layout` of tensor ``name`` with ``size`` elements under ``cfg``."""
+    storage = {st: cfg.state_storage(st, name, size) for st in optimizer.states}
+    return Layout(storage, cfg.master_format(name))
+
+
 def pack(
-    cfg: ReplayConfig, name: str, size: int, stored: dict[str, Any], backend: Backend = Backend.NUMPY
+    cfg: ReplayConfig,
+    name: str,
+    size: int,
+    stored: dict[str, Any],
+    backend: Backend = Backend.NUMPY,
+    storage: dict[str, StateFormat] | None = None,
 ) -> dict[str, np.ndarray]:
     """The stored states of a tensor as plain arrays under their keys: ``<state>`` (float32),
     ``<state>.codes`` (element codes; block recipes uint8) and ``<state>.scales`` (uint32 bits of
     the float32 block scales, or uint8 scale codes). The element codes are encoded on
-    ``backend`` (the values are exact in the format: every backend gives the same codes)."""
+    ``backend`` (the values are exact in the format: every backend gives the same codes);
+    ``storage``: the states' storage where known (:class:`Layout`)."""
     out = {}
     for st, enc in stored.items():
-        fmt = cfg.state_storage(st, name, size)
+        fmt = storage[st] if storage is not None else cfg.state_storage(st, name, size)
         if isinstance(enc, BlockCodes):
             if enc.tensor_scale is not None:
                 raise ValueError(
@@ -90,13 +112,14 @@ def unpack(
     packed: dict[str, np.ndarray],
     states,
     backend: Backend = Backend.NUMPY,
+    storage: dict[str, StateFormat] | None = None,
 ) -> dict[str, Any]:
     """The stored states (as the replay's storage holds them) from :func:`pack`'s arrays (element
     codes of up to 16 bits decoded by a compiled table lookup on :attr:`Backend.COMPILED`: the
-    same table, the same values)."""
+    same table, the same values); ``storage`` as :func:`pack` takes it."""
     out: dict[str, Any] = {}
     for st in states:
-        fmt = cfg.state_storage(st, name, size)
+        fmt = storage[st] if storage is not None else cfg.state_storage(st, name, size)
         if st in packed:
             out[st] = packed[st]
         elif f"{st}.scales" in packed:
@@ -115,8 +138,21 @@ def _decode(codes: np.ndarray, fmt: Format, backend: Backend) -> np.ndarray:
     if backend is not Backend.COMPILED or not fits:
         return emulate.decode_array(codes, fmt)
     out = np.empty(codes.shape, _F32)
-    _compiled.load().table_gather(codes.reshape(-1), emulate.loop_table(fmt), out.reshape(-1))
+    _compiled.load().table_gather(codes.reshape(-1), _loop_table(fmt), out.reshape(-1))
     return out
+
+
+_TABLES: dict[int, tuple[Format, np.ndarray]] = {}
+
+
+def _loop_table(fmt: Format) -> np.ndarray:
+    """``emulate.loop_table(fmt)`` (a copy of up to 65,536 values), kept per format object."""
+    kept = _TABLES.get(id(fmt))
+    if kept is None or kept[0] is not fmt:
+        if len(_TABLES) >= 64:
+            _TABLES.clear()
+        kept = _TABLES[id(fmt)] = (fmt, emulate.loop_table(fmt))  # (fmt held: its id is not reused)
+    return kept[1]
 
 
 def init_tensor(
@@ -190,19 +226,25 @@ def step_tensor(
     seed: int,
     backend: Backend,
     stats: StepStats | None = None,
+    known: Layout | None = None,
 ) -> tuple[np.ndarray, dict[str, np.ndarray], np.ndarray | None]:
     """Update ``t`` of one tensor: the gradient as ``cfg`` sees it, the replay's tensor-step
     (stochastic master rounding seeded by ``master_seed(seed, t, name)``, as a replay of a trace
-    whose steps are the update counts), and the new master copy, packed states and compensation."""
+    whose steps are the update counts), and the new master copy, packed states and compensation.
+    ``known``: the tensor's :func:`layout` where kept (else resolved here)."""
     g = np.asarray(g, _F32)
     q = seen_grad(cfg, g, None, None, backend)[0]
-    stored = unpack(cfg, name, g.size, packed, optimizer.states, backend)
+    lay = known if known is not None else layout(cfg, optimizer, name, g.size)
+    stored = unpack(cfg, name, g.size, packed, optimizer.states, backend, lay.storage)
     s = Stats(n=g.size) if stats is not None else None
+    # the seed is drawn from only by a stochastic rounding: not computed for the others
+    drawn = cfg.master_rounding is RoundMode.STOCHASTIC
     out = tensor_step(
         cfg, optimizer, name, master, stored, q, lr, t,
-        seed=master_seed(seed, t, name), backend=backend, comp=comp, stats=s,
+        seed=master_seed(seed, t, name) if drawn else 0, backend=backend, master_format=lay.master,
+        comp=comp, stats=s, storage=lay.storage,
     )  # fmt: skip
     if s is not None:
         tensor_stats(s, out.p_f32, master, out.master, out.master, master, backend)
         stats.add(name, s)
-    return out.master, pack(cfg, name, g.size, out.states, backend), out.comp
+    return out.master, pack(cfg, name, g.size, out.states, backend, lay.storage), out.comp

@@ -42,13 +42,51 @@ from .._compiled import Backend
 from ..replay import optim as rules
 from ..replay.config import ReplayConfig
 from ..replay.storage import master_seed
-from ._core import StepStats, init_tensor, resolve_config, step_tensor
+from ._core import Layout, StepStats, init_tensor, layout, resolve_config, step_tensor
 from .linear import EmulatedLinear, convert, gemm_stats
 
 __all__ = ["SGD", "Adam", "AdamW", "EmulatedLinear", "convert", "gemm_stats"]
 
 _UNSIGNED = {np.dtype(np.uint32): np.int32, np.dtype(np.uint16): np.int16}  # as torch stores them
 _SIGNED_BACK = {torch.int32: np.uint32, torch.int16: np.uint16}
+
+
+class _Slot:
+    """What the optimizer keeps per parameter between steps besides its state: the tensor's
+    name, shape, rule and :class:`fpsim.train._core.Layout`, and numpy views of its state
+    tensors on the CPU (each checked to be the state's tensor still before it is used)."""
+
+    __slots__ = ("layout", "name", "rule", "shape", "views")
+
+    def __init__(self, name: str, shape: torch.Size, rule: rules.Optimizer, lay: Layout) -> None:
+        self.name, self.shape, self.rule, self.layout = name, shape, rule, lay
+        self.views: dict[str, tuple[torch.Tensor, np.ndarray]] = {}
+
+    def array(self, state: dict, key: str) -> np.ndarray:
+        """``state[key]`` as numpy (:func:`_as_numpy`; the view kept while the tensor is)."""
+        t = state[key]
+        kept = self.views.get(key)
+        if kept is not None and kept[0] is t:
+            return kept[1]
+        a = _as_numpy(t)
+        if t.device.type == "cpu":
+            self.views[key] = (t, a)
+        return a
+
+    def keeps(self, state: dict, key: str, a: np.ndarray) -> bool:
+        """Whether ``state[key]`` holds ``a`` now: ``a`` is its kept view (updated in place), or
+        codes or scales copied into it (of the same dtype and shape: the state tensor updated
+        in place, as torch updates its states; the codes and scales of each state have their
+        own memory: :func:`fpsim.train._core.pack` encodes each anew)."""
+        kept = self.views.get(key)
+        if kept is None or kept[0] is not state.get(key):
+            return False
+        if kept[1] is a:
+            return True
+        if key.endswith((".codes", ".scales")) and a.dtype == kept[1].dtype and a.shape == kept[1].shape:
+            np.copyto(kept[1], a)
+            return True
+        return False
 
 
 class _Emulated(torch.optim.Optimizer):
@@ -65,6 +103,7 @@ class _Emulated(torch.optim.Optimizer):
         self.stats = bool(stats)
         self.last_stats: StepStats | None = None
         self._warned = False
+        self._slots: dict[torch.Tensor, _Slot] = {}
         for group in self.param_groups:
             self._rule(group)  # bad hyper-parameters fail here, not at the first step
 
@@ -85,27 +124,40 @@ class _Emulated(torch.optim.Optimizer):
             with torch.enable_grad():
                 loss = closure()
         stats = StepStats() if self.stats else None
-        for group, name, p in self._names():
-            if p.grad is None:
-                continue
-            if p.dtype != torch.float32 or p.grad.dtype != torch.float32 or p.grad.is_sparse:
-                raise ValueError(
-                    f"{name}: the emulated optimizers take float32 parameters and dense float32 gradients, "
-                    f"got {p.dtype} / {p.grad.dtype}{' sparse' if p.grad.is_sparse else ''}"
-                )
-            lr = float(group["lr"])
-            if not math.isfinite(lr) or lr < 0:
-                raise ValueError(f"{name}: lr must be a finite number >= 0, got {group['lr']!r}")
-            rule = self._rule(group)
-            state = self.state[p]
-            if not state:
-                self._init(state, name, p, rule)
-            t = int(state["step"]) + 1
-            if not (p.is_cuda and self._cuda_step(state, name, p, rule, lr, t)):
-                self._cpu_step(state, name, p, rule, lr, t, stats)
-            state["step"] = torch.tensor(float(t))
+        for gi, group in enumerate(self.param_groups):
+            rule, lr = None, 0.0  # (once per group and step: every tensor of it takes the same)
+            names = group.get("param_names") or [f"{gi}.{i}" for i in range(len(group["params"]))]
+            for name, p in zip(names, group["params"]):
+                if p.grad is None:
+                    continue
+                if p.dtype != torch.float32 or p.grad.dtype != torch.float32 or p.grad.is_sparse:
+                    raise ValueError(
+                        f"{name}: the emulated optimizers take float32 parameters and dense float32 "
+                        f"gradients, got {p.dtype} / {p.grad.dtype}{' sparse' if p.grad.is_sparse else ''}"
+                    )
+                if rule is None:
+                    lr = float(group["lr"])
+                    if not math.isfinite(lr) or lr < 0:
+                        raise ValueError(f"{name}: lr must be a finite number >= 0, got {group['lr']!r}")
+                    rule = self._rule(group)
+                state = self.state[p]
+                if not state:
+                    self._init(state, name, p, rule)
+                slot = self._slot(name, p, rule, state)
+                t = int(state["step"]) + 1
+                if not (p.is_cuda and self._cuda_step(state, name, p, rule, lr, t)):
+                    self._cpu_step(state, slot, name, p, rule, lr, t, stats)
+                state["step"] = torch.tensor(float(t))
         self.last_stats = stats
         return loss
+
+    def _slot(self, name: str, p: torch.Tensor, rule: rules.Optimizer, state: dict) -> _Slot:
+        """The tensor's bookkeeping (kept per parameter, outside the state dict: checkpoints
+        hold only ``state``), made again where its name, shape or rule changed."""
+        slot = self._slots.get(p)
+        if slot is None or slot.name != name or slot.shape != p.shape or slot.rule != rule:
+            slot = self._slots[p] = _Slot(name, p.shape, rule, layout(self.config, rule, name, p.numel()))
+        return slot
 
     def _init(self, state: dict, name: str, p: torch.Tensor, rule: rules.Optimizer) -> None:
         master, packed, comp = init_tensor(self.config, rule, name, _numpy(p), self.backend)
@@ -116,15 +168,15 @@ class _Emulated(torch.optim.Optimizer):
         if comp is not None:
             state["kahan_comp"] = torch.from_numpy(comp).to(p.device)
 
-    def _cpu_step(self, state, name, p, rule, lr: float, t: int, stats) -> None:
-        packed = {k: _as_numpy(v) for k, v in state.items() if k not in ("step", "kahan_comp")}
+    def _cpu_step(self, state, slot: _Slot, name, p, rule, lr: float, t: int, stats) -> None:
+        packed = {k: slot.array(state, k) for k in state if k not in ("step", "kahan_comp")}
         comp = _as_numpy(state["kahan_comp"]) if "kahan_comp" in state else None
         master, packed, comp = step_tensor(
             self.config, rule, name, _numpy(p), packed, comp, _numpy(p.grad), lr, t,
-            seed=self.seed, backend=self.backend, stats=stats,
+            seed=self.seed, backend=self.backend, stats=stats, known=slot.layout,
         )  # fmt: skip
         p.copy_(torch.from_numpy(master))
-        _put(state, packed, p.device)
+        _put(state, {k: a for k, a in packed.items() if not slot.keeps(state, k, a)}, p.device)
         if comp is not None:
             state["kahan_comp"] = torch.from_numpy(comp).to(p.device)
 
