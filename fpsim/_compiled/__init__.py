@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import enum
 import functools
+import importlib
 import os
 import sys
 import threading
@@ -131,26 +132,29 @@ def fallback(case: str, instead: str = "numpy runs it") -> None:
     )
 
 
+def _module(name: str) -> ModuleType:
+    """Submodule ``name`` of this package, imported once: taken from ``sys.modules`` after
+    (the import machinery costs microseconds per call; a module another thread is still
+    importing is waited for by the import)."""
+    mod = sys.modules.get(f"{__name__}.{name}")
+    if mod is None or getattr(mod.__spec__, "_initializing", False):
+        mod = importlib.import_module(f"{__name__}.{name}")
+    return mod
+
+
 def load() -> ModuleType:
     """The module of compiled loops (imports numba; compiled code is cached on disk)."""
-    mod = sys.modules.get(f"{__name__}.loops")  # imported: no import machinery per call
-    if mod is None or getattr(mod.__spec__, "_initializing", False):  # (or wait for the import)
-        from . import loops as mod
-    return mod
+    return _module("loops")
 
 
 def load_measure() -> ModuleType:
     """The module of compiled analysis and encode loops, :mod:`fpsim._compiled.measure`."""
-    from . import measure as mod
-
-    return mod
+    return _module("measure")
 
 
 def load_operand() -> ModuleType:
     """The module of compiled quantize-dequantize loops, :mod:`fpsim._compiled.operand`."""
-    from . import operand as mod
-
-    return mod
+    return _module("operand")
 
 
 def flat32(*arrays: Any) -> list[np.ndarray] | None:

@@ -123,9 +123,9 @@ def _compiled_step(
     float32 C-contiguous array of ``ins[0]``'s shape, or an output overlaps an input."""
     shape = np.shape(ins[0])
     fresh = outs is None and all(np.shape(a) == shape for a in ins)
-    if fresh:  # p and the states, new: they overlap nothing
+    if fresh:  # p and the states, new: flat float32, they overlap nothing (only ins checked)
         outs = tuple(np.empty(shape, _F32) for _ in ins[1:])
-    why = _not_flat(ins, outs, shape, overlap=not fresh)
+    why = _not_flat(ins, () if fresh else outs, shape, overlap=not fresh)
     if why is not None:
         _compiled.fallback(f"{what} on {why}")
         return None

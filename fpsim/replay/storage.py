@@ -83,9 +83,9 @@ def quantize(x: np.ndarray, fmt: Format, mode: RoundMode, backend: Backend, seed
     (nearest-even) take compiled loops, their NaN inputs the emulator."""
     flat = _compiled.flat32(x) if backend is Backend.COMPILED else None
     out = np.empty(x.shape, _F32)
-    if flat is not None and fmt == _F16 and mode is RoundMode.NEAREST_EVEN:
+    if flat is not None and _same(fmt, _F16) and mode is RoundMode.NEAREST_EVEN:
         nan = _compiled.load().f16_round(flat[0], out.reshape(-1)) > 0
-    elif flat is not None and fmt == _BF16 and mode in _BF16_MODES:
+    elif flat is not None and _same(fmt, _BF16) and mode in _BF16_MODES:
         mix = np.uint64((seed * SEED_MULTIPLIER) % (1 << 64))
         stochastic = mode is RoundMode.STOCHASTIC
         nan = _compiled.load().bf16_round(flat[0], stochastic, mix, 0, out.reshape(-1)) > 0
@@ -96,6 +96,11 @@ def quantize(x: np.ndarray, fmt: Format, mode: RoundMode, backend: Backend, seed
         kw = {k: v[where] for k, v in _random_bits(x, mode, seed).items()}
         out[where] = emulate.quantize(x[where], fmt, rounding=mode, backend=backend, **kw)
     return out
+
+
+def _same(fmt: Any, ref: Format) -> bool:
+    """``fmt == ref``, the names compared first (a format's equality compares every field)."""
+    return fmt is ref or (getattr(fmt, "name", None) == ref.name and fmt == ref)
 
 
 def _random_bits(x: np.ndarray, mode: RoundMode, seed: int) -> dict[str, np.ndarray]:

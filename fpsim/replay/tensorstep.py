@@ -28,8 +28,9 @@ from . import fused as _fused
 from .config import ReplayConfig
 from .lossscale import ScalerState
 from .optim import Optimizer
+from .qmap import QMapBlocks
 from .stats import Stats, state_stats
-from .storage import is_quantized, load_state, round_master, store_and_load
+from .storage import load_state, round_master, store_and_load
 
 __all__ = ["TensorStep", "load_states", "seen_grad", "tensor_step"]
 
@@ -133,7 +134,8 @@ def tensor_step(
     fmt = master_format if master_format is not None else cfg.master_format(name)
     if fused is None and try_fused:
         formats = {st: storage[st] if storage else cfg.state_storage(st, name, g.size) for st in stored}
-        if formats and all(is_quantized(f) for f in formats.values()):
+        # (the fused step is for block recipes and torchao's formats: :func:`_fused.plan`)
+        if formats and all(isinstance(f, (BlockFormat, QMapBlocks)) for f in formats.values()):
             ref = (
                 ref_states
                 if ref_states is not None or stats is None

@@ -95,9 +95,8 @@ def pack(
         elif not is_quantized(fmt):
             out[st] = enc
         elif isinstance(fmt, Format) and fmt.bits <= 16:
-            out[f"{st}.codes"] = emulate.encode_array(
-                emulate.as_float_array(enc)[1], fmt, RoundMode.NEAREST_EVEN, backend=backend
-            )
+            flt = enc if isinstance(enc, np.ndarray) and enc.dtype == _F32 else emulate.as_float_array(enc)[1]
+            out[f"{st}.codes"] = emulate.encode_array(flt, fmt, RoundMode.NEAREST_EVEN, backend=backend)
         elif isinstance(fmt, IntFormat):
             out[f"{st}.codes"] = np.asarray(enc)
         else:  # wider element formats: their float32 values
