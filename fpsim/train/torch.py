@@ -53,13 +53,14 @@ _SIGNED_BACK = {torch.int32: np.uint32, torch.int16: np.uint16}
 
 class _Slot:
     """What the optimizer keeps per parameter between steps besides its state: the tensor's
-    name, shape, rule and :class:`fpsim.train._core.Layout`, and numpy views of its state
-    tensors on the CPU (each checked to be the state's tensor still before it is used)."""
+    name, shape, the rule's states and :class:`fpsim.train._core.Layout`, and numpy views of
+    its state tensors on the CPU (each checked to be the state's tensor still before it is
+    used)."""
 
-    __slots__ = ("layout", "name", "rule", "shape", "views")
+    __slots__ = ("layout", "name", "shape", "states", "views")
 
-    def __init__(self, name: str, shape: torch.Size, rule: rules.Optimizer, lay: Layout) -> None:
-        self.name, self.shape, self.rule, self.layout = name, shape, rule, lay
+    def __init__(self, name: str, shape: torch.Size, states: tuple[str, ...], lay: Layout) -> None:
+        self.name, self.shape, self.states, self.layout = name, shape, states, lay
         self.views: dict[str, tuple[torch.Tensor, np.ndarray]] = {}
 
     def array(self, state: dict, key: str) -> np.ndarray:
@@ -147,16 +148,18 @@ class _Emulated(torch.optim.Optimizer):
                 t = int(state["step"]) + 1
                 if not (p.is_cuda and self._cuda_step(state, name, p, rule, lr, t)):
                     self._cpu_step(state, slot, name, p, rule, lr, t, stats)
-                state["step"] = torch.tensor(float(t))
+                state["step"] = torch.scalar_tensor(float(t))  # (torch.tensor's, faster)
         self.last_stats = stats
         return loss
 
     def _slot(self, name: str, p: torch.Tensor, rule: rules.Optimizer, state: dict) -> _Slot:
         """The tensor's bookkeeping (kept per parameter, outside the state dict: checkpoints
-        hold only ``state``), made again where its name, shape or rule changed."""
+        hold only ``state``), made again where its name, shape or the rule's states changed
+        (what its :class:`fpsim.train._core.Layout` depends on)."""
         slot = self._slots.get(p)
-        if slot is None or slot.name != name or slot.shape != p.shape or slot.rule != rule:
-            slot = self._slots[p] = _Slot(name, p.shape, rule, layout(self.config, rule, name, p.numel()))
+        if slot is None or slot.name != name or slot.shape != p.shape or slot.states != rule.states:
+            lay = layout(self.config, rule, name, p.numel())
+            slot = self._slots[p] = _Slot(name, p.shape, rule.states, lay)
         return slot
 
     def _init(self, state: dict, name: str, p: torch.Tensor, rule: rules.Optimizer) -> None:
