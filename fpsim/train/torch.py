@@ -57,11 +57,24 @@ class _Slot:
     its state tensors on the CPU (each checked to be the state's tensor still before it is
     used)."""
 
-    __slots__ = ("layout", "name", "shape", "states", "views")
+    __slots__ = ("layout", "name", "own", "shape", "states", "views")
 
     def __init__(self, name: str, shape: torch.Size, states: tuple[str, ...], lay: Layout) -> None:
         self.name, self.shape, self.states, self.layout = name, shape, states, lay
         self.views: dict[str, tuple[torch.Tensor, np.ndarray]] = {}
+        self.own: dict[str, tuple[torch.Tensor, int, np.ndarray]] = {}
+
+    def numpy(self, key: str, t: torch.Tensor) -> np.ndarray:
+        """:func:`_numpy` of the parameter (``key``: the role), the view kept while ``t`` is the
+        same contiguous CPU tensor on the same memory (a ``.data`` swap moves it). (Not for
+        gradients: a kept view would keep a gradient set to None alive.)"""
+        kept = self.own.get(key)
+        if kept is not None and kept[0] is t and kept[1] == t.data_ptr() and t.is_contiguous():
+            return kept[2]
+        a = _numpy(t)
+        if t.device.type == "cpu" and t.is_contiguous():
+            self.own[key] = (t, t.data_ptr(), a)
+        return a
 
     def array(self, state: dict, key: str) -> np.ndarray:
         """``state[key]`` as numpy (:func:`_as_numpy`; the view kept while the tensor is)."""
@@ -73,6 +86,16 @@ class _Slot:
         if t.device.type == "cpu":
             self.views[key] = (t, a)
         return a
+
+    def put(self, state: dict, packed: dict[str, np.ndarray], device) -> None:
+        """:func:`_put`, and the views of the new tensors kept (none of a replaced tensor: it
+        would stay alive until the next step)."""
+        _put(state, packed, device)
+        for k in packed:
+            t = state[k]
+            self.views.pop(k, None)
+            if t.device.type == "cpu":
+                self.views[k] = (t, _as_numpy(t))
 
     def keeps(self, state: dict, key: str, a: np.ndarray) -> bool:
         """Whether ``state[key]`` holds ``a`` now: ``a`` is its kept view (updated in place), or
@@ -175,11 +198,11 @@ class _Emulated(torch.optim.Optimizer):
         packed = {k: slot.array(state, k) for k in state if k not in ("step", "kahan_comp")}
         comp = _as_numpy(state["kahan_comp"]) if "kahan_comp" in state else None
         master, packed, comp = step_tensor(
-            self.config, rule, name, _numpy(p), packed, comp, _numpy(p.grad), lr, t,
+            self.config, rule, name, slot.numpy("param", p), packed, comp, _numpy(p.grad), lr, t,
             seed=self.seed, backend=self.backend, stats=stats, known=slot.layout,
         )  # fmt: skip
         p.copy_(torch.from_numpy(master))
-        _put(state, {k: a for k, a in packed.items() if not slot.keeps(state, k, a)}, p.device)
+        slot.put(state, {k: a for k, a in packed.items() if not slot.keeps(state, k, a)}, p.device)
         if comp is not None:
             state["kahan_comp"] = torch.from_numpy(comp).to(p.device)
 
