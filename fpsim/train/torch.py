@@ -49,6 +49,9 @@ __all__ = ["SGD", "Adam", "AdamW", "EmulatedLinear", "convert", "gemm_stats"]
 
 _UNSIGNED = {np.dtype(np.uint32): np.int32, np.dtype(np.uint16): np.int16}  # as torch stores them
 _SIGNED_BACK = {torch.int32: np.uint32, torch.int16: np.uint16}
+_COPIED = 1 << 16
+"""Bytes of new codes or scales copied into a state tensor (cheaper than a new tensor and its
+view for small tensors); larger ones become the state tensor as they are."""
 
 
 class _Slot:
@@ -99,15 +102,17 @@ class _Slot:
 
     def keeps(self, state: dict, key: str, a: np.ndarray) -> bool:
         """Whether ``state[key]`` holds ``a`` now: ``a`` is its kept view (updated in place), or
-        codes or scales copied into it (of the same dtype and shape: the state tensor updated
-        in place, as torch updates its states; the codes and scales of each state have their
-        own memory: :func:`fpsim.train._core.pack` encodes each anew)."""
+        codes or scales of at most :data:`_COPIED` bytes copied into it (of the same dtype and
+        shape: the state tensor updated in place, as torch updates its states; the codes and
+        scales of each state have their own memory: :func:`fpsim.train._core.pack` encodes
+        each anew)."""
         kept = self.views.get(key)
         if kept is None or kept[0] is not state.get(key):
             return False
         if kept[1] is a:
             return True
-        if key.endswith((".codes", ".scales")) and a.dtype == kept[1].dtype and a.shape == kept[1].shape:
+        same = a.dtype == kept[1].dtype and a.shape == kept[1].shape
+        if same and a.nbytes <= _COPIED and key.endswith((".codes", ".scales")):
             np.copyto(kept[1], a)
             return True
         return False
