@@ -247,3 +247,17 @@ def test_bad_hyper_parameters_are_refused_by_name(make, message):
     with pytest.raises(ValueError, match=message):
         make()
     assert Adam(betas=[0.8, 0.99]).betas == (0.8, 0.99)
+
+
+def test_kept_scalars_tell_signed_zeros_and_types_apart():
+    """Adam's scalars are kept per (optimizer, lr, t): values that compare equal but round
+    otherwise (-0.0 and 0.0 as lr or eps; a float32 lr, computed in float32) get their own,
+    as Python computes them here (the oracle: the documented float64 formula, rounded once)."""
+    for lr in (0.0, -0.0, 0.0, np.float32(0.5), 0.5):
+        for eps in (0.0, -0.0, 1e-8):
+            opt = AdamW(eps=eps)
+            sc = opt.scalars(lr, 3)
+            want_step = np.float32(-(lr / (1 - 0.9**3)))
+            assert sc.neg_step.tobytes() == want_step.tobytes(), (lr, eps)
+            assert sc.eps.tobytes() == np.float32(eps).tobytes(), (lr, eps)
+            assert sc.decay.tobytes() == np.float32(1 - lr * 0.01).tobytes(), (lr, eps)

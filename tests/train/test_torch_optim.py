@@ -3,6 +3,7 @@ run in the test on this machine) and against the replay of the gradients they we
 
 from __future__ import annotations
 
+import copy
 import io
 
 import numpy as np
@@ -198,6 +199,31 @@ def test_state_dict_resume_equals_uninterrupted(config):
         assert all(_same(opt2.state[p2][k], opt3.state[p3][k]) for k in opt2.state[p2])
     _loop(m3, opt3, 10, start=10)
     assert all(_same(a, b.detach()) for a, b in zip(whole, m3.parameters()))
+
+
+@pytest.mark.parametrize("config", ["bf16-states", "int8-states", "msamp-o2"])
+def test_state_and_parameter_replaced_between_steps_equal_uninterrupted(config):
+    """The optimizer keeps numpy views of each parameter and state tensor between steps (and
+    updates small codes in place): a parameter moved to new memory (``p.data = ...``) and a
+    state loaded into the same optimizer mid-run are followed, bit for bit, in the parameters
+    and in the state tensors."""
+    m = _model()
+    opt = ftorch.AdamW(m.parameters(), lr=1e-2, config=config)
+    _loop(m, opt, 6)
+
+    m2 = _model()
+    opt2 = ftorch.AdamW(m2.parameters(), lr=1e-2, config=config)
+    _loop(m2, opt2, 3)
+    saved, params = copy.deepcopy(opt2.state_dict()), [p.detach().clone() for p in m2.parameters()]
+    _loop(m2, opt2, 1, start=3)  # a step taken, then undone:
+    for p, before in zip(m2.parameters(), params):
+        p.data = before  # new memory: a kept view of the old one would go stale
+    opt2.load_state_dict(saved)  # new state tensors, holding step 3's state
+    _loop(m2, opt2, 3, start=3)
+    for p, p2 in zip(m.parameters(), m2.parameters()):
+        assert _same(p.detach(), p2.detach())
+        assert opt.state[p].keys() == opt2.state[p2].keys()
+        assert all(_same(opt.state[p][k], opt2.state[p2][k]) for k in opt.state[p])
 
 
 def test_load_state_dict_refuses_another_configs_state():
