@@ -80,10 +80,11 @@ class _Slot:
         return a
 
     def array(self, state: dict, key: str) -> np.ndarray:
-        """``state[key]`` as numpy (:func:`_as_numpy`; the view kept while the tensor is)."""
+        """``state[key]`` as numpy (:func:`_as_numpy`; the view kept while the tensor is the
+        same on the same memory: a ``.data`` swap or a resize moves it)."""
         t = state[key]
         kept = self.views.get(key)
-        if kept is not None and kept[0] is t:
+        if kept is not None and kept[0] is t and _same_memory(t, kept[1]):
             return kept[1]
         a = _as_numpy(t)
         if t.device.type == "cpu":
@@ -107,7 +108,7 @@ class _Slot:
         scales of each state have their own memory: :func:`fpsim.train._core.pack` encodes
         each anew)."""
         kept = self.views.get(key)
-        if kept is None or kept[0] is not state.get(key):
+        if kept is None or kept[0] is not state.get(key) or not _same_memory(kept[0], kept[1]):
             return False
         if kept[1] is a:
             return True
@@ -116,6 +117,11 @@ class _Slot:
             np.copyto(kept[1], a)
             return True
         return False
+
+
+def _same_memory(t: torch.Tensor, a: np.ndarray) -> bool:
+    """Whether numpy view ``a`` still shows all of CPU tensor ``t``'s memory."""
+    return t.data_ptr() == a.__array_interface__["data"][0] and t.nbytes == a.nbytes
 
 
 class _Emulated(torch.optim.Optimizer):

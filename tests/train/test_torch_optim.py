@@ -204,9 +204,9 @@ def test_state_dict_resume_equals_uninterrupted(config):
 @pytest.mark.parametrize("config", ["bf16-states", "int8-states", "msamp-o2"])
 def test_state_and_parameter_replaced_between_steps_equal_uninterrupted(config):
     """The optimizer keeps numpy views of each parameter and state tensor between steps (and
-    updates small codes in place): a parameter moved to new memory (``p.data = ...``) and a
-    state loaded into the same optimizer mid-run are followed, bit for bit, in the parameters
-    and in the state tensors."""
+    updates small codes in place): a parameter moved to new memory (``p.data = ...``), a
+    state loaded into the same optimizer mid-run and state tensors moved to new memory are
+    followed, bit for bit, in the parameters and in the state tensors."""
     m = _model()
     opt = ftorch.AdamW(m.parameters(), lr=1e-2, config=config)
     _loop(m, opt, 6)
@@ -219,7 +219,11 @@ def test_state_and_parameter_replaced_between_steps_equal_uninterrupted(config):
     for p, before in zip(m2.parameters(), params):
         p.data = before  # new memory: a kept view of the old one would go stale
     opt2.load_state_dict(saved)  # new state tensors, holding step 3's state
-    _loop(m2, opt2, 3, start=3)
+    _loop(m2, opt2, 1, start=3)
+    for p in m2.parameters():  # the same state tensors moved to new memory (as .data swaps do)
+        for v in opt2.state[p].values():
+            v.data = v.data.clone()
+    _loop(m2, opt2, 2, start=4)
     for p, p2 in zip(m.parameters(), m2.parameters()):
         assert _same(p.detach(), p2.detach())
         assert opt.state[p].keys() == opt2.state[p2].keys()
