@@ -122,6 +122,10 @@ def _compiled_step(
     (:func:`fpsim._compiled.fallback`, the case named after ``what``): an array is not a
     float32 C-contiguous array of ``ins[0]``'s shape, or an output overlaps an input."""
     shape = np.shape(ins[0])
+    if outs is None and all(_flat32(a, shape) for a in ins):  # the usual case, checked at once
+        outs = tuple(np.empty(shape, _F32) for _ in ins[1:])
+        loop(*(a.reshape(-1) for a in ins), *(a.reshape(-1) for a in outs), *scalars)
+        return outs
     fresh = outs is None and all(np.shape(a) == shape for a in ins)
     if fresh:  # p and the states, new: flat float32, they overlap nothing (only ins checked)
         outs = tuple(np.empty(shape, _F32) for _ in ins[1:])
@@ -131,6 +135,11 @@ def _compiled_step(
         return None
     loop(*(a.reshape(-1) for a in ins), *(a.reshape(-1) for a in outs), *scalars)
     return tuple(outs)
+
+
+def _flat32(a: Any, shape: tuple) -> bool:
+    """``a`` is a float32 C-contiguous numpy array of ``shape``."""
+    return type(a) is np.ndarray and a.dtype == _F32 and a.shape == shape and a.flags.c_contiguous
 
 
 def _not_flat(ins: tuple, outs: tuple | None, shape: tuple, *, overlap: bool = True) -> str | None:
