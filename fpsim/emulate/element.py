@@ -125,6 +125,8 @@ def encode_array(
 
 PIECE = 1 << 18
 """Elements per task when the compiled encode runs on the thread pool."""
+_NO_WORDS = np.zeros(0, np.uint32)  # the words of a rounding that draws none (never written)
+_SEED0 = np.uint64(0)
 
 
 @cache
@@ -194,18 +196,18 @@ def _encode_compiled(x: np.ndarray, fmt: AnyFormat, mode: RoundMode, saturate, s
     p = loop_params(fmt, bool(saturate), ftz)
     flat = _compiled.frozen(x)  # (the words stay writable, as the tallies' own empty ones)
     out = np.empty(flat.size, fmt.code_dtype)
-    r = np.ascontiguousarray(rand, np.uint32).reshape(-1) if rand is not None else np.zeros(0, np.uint32)
+    r = np.ascontiguousarray(rand, np.uint32).reshape(-1) if rand is not None else _NO_WORDS
     r = r if r.flags.writeable else r.copy()
     code, loops = mode.code, _compiled.load_measure()
+    if flat.size <= PIECE:  # one piece, on this thread
+        loops.codes_tile(flat, p, code, nbits, _SEED0, 0, r, out)
+        return out.reshape(np.shape(x))
 
     def run(a: int) -> None:
         b = min(flat.size, a + PIECE)
-        loops.codes_tile(flat[a:b], p, code, nbits, np.uint64(0), 0, r[a:b] if r.size else r, out[a:b])
+        loops.codes_tile(flat[a:b], p, code, nbits, _SEED0, 0, r[a:b] if r.size else r, out[a:b])
 
-    if flat.size <= PIECE:
-        run(0)
-    else:
-        list(pool().map(run, range(0, flat.size, PIECE)))
+    list(pool().map(run, range(0, flat.size, PIECE)))
     return out.reshape(np.shape(x))
 
 
