@@ -64,7 +64,7 @@ class _Slot:
 
     def __init__(self, name: str, shape: torch.Size, states: tuple[str, ...], lay: Layout) -> None:
         self.name, self.shape, self.states, self.layout = name, shape, states, lay
-        self.views: dict[str, tuple[torch.Tensor, np.ndarray]] = {}
+        self.views: dict[str, tuple[torch.Tensor, np.ndarray, int]] = {}  # tensor, view, address
         self.own: dict[str, tuple[torch.Tensor, int, np.ndarray]] = {}
 
     def numpy(self, key: str, t: torch.Tensor) -> np.ndarray:
@@ -84,11 +84,11 @@ class _Slot:
         same on the same memory: a ``.data`` swap or a resize moves it)."""
         t = state[key]
         kept = self.views.get(key)
-        if kept is not None and kept[0] is t and _same_memory(t, kept[1]):
+        if kept is not None and kept[0] is t and _same_memory(t, kept):
             return kept[1]
         a = _as_numpy(t)
         if t.device.type == "cpu":
-            self.views[key] = (t, a)
+            self.views[key] = (t, a, t.data_ptr())
         return a
 
     def put(self, state: dict, packed: dict[str, np.ndarray], device) -> None:
@@ -99,7 +99,7 @@ class _Slot:
             t = state[k]
             self.views.pop(k, None)
             if t.device.type == "cpu":
-                self.views[k] = (t, _as_numpy(t))
+                self.views[k] = (t, _as_numpy(t), t.data_ptr())
 
     def keeps(self, state: dict, key: str, a: np.ndarray) -> bool:
         """Whether ``state[key]`` holds ``a`` now: ``a`` is its kept view (updated in place), or
@@ -108,7 +108,7 @@ class _Slot:
         scales of each state have their own memory: :func:`fpsim.train._core.pack` encodes
         each anew)."""
         kept = self.views.get(key)
-        if kept is None or kept[0] is not state.get(key) or not _same_memory(kept[0], kept[1]):
+        if kept is None or kept[0] is not state.get(key) or not _same_memory(kept[0], kept):
             return False
         if kept[1] is a:
             return True
@@ -119,9 +119,10 @@ class _Slot:
         return False
 
 
-def _same_memory(t: torch.Tensor, a: np.ndarray) -> bool:
-    """Whether numpy view ``a`` still shows all of CPU tensor ``t``'s memory."""
-    return t.data_ptr() == a.__array_interface__["data"][0] and t.nbytes == a.nbytes
+def _same_memory(t: torch.Tensor, kept: tuple[torch.Tensor, np.ndarray, int]) -> bool:
+    """Whether the kept view ``kept[1]`` of CPU tensor ``t`` (made at address ``kept[2]``)
+    still shows all of ``t``'s memory."""
+    return t.data_ptr() == kept[2] and t.nbytes == kept[1].nbytes
 
 
 class _Emulated(torch.optim.Optimizer):
