@@ -143,6 +143,20 @@ class _Emulated(torch.optim.Optimizer):
         for group in self.param_groups:
             self._rule(group)  # bad hyper-parameters fail here, not at the first step
 
+    def __getstate__(self) -> dict:
+        """torch's state (defaults, per-parameter state, groups) and the emulation's settings,
+        which torch's would drop (``copy.deepcopy`` and pickle then give a working copy); not
+        the per-parameter bookkeeping, which holds views of this object's tensors and is made
+        again at the next step."""
+        state = super().__getstate__()
+        state.update(config=self.config, sqrt=self.sqrt, backend=self.backend, seed=self.seed)
+        state["stats"] = self.stats
+        return state
+
+    def __setstate__(self, state: dict) -> None:
+        super().__setstate__(state)
+        self.last_stats, self._warned, self._slots = None, False, {}
+
     def _rule(self, group: dict) -> rules.Optimizer:
         raise NotImplementedError
 
