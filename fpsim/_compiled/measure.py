@@ -31,7 +31,8 @@ from llvmlite import ir
 from numba import types
 
 from ..formats import Encoding, RoundMode
-from ..formats.codes import DecodeKind, FactorKind, LoopFormat
+from ..formats.codes import DecodeKind, FactorKind
+from ..formats.params import FormatParams
 from .kinds import KMIN, NBINS
 from .loops import bitcast, bits32, float32_of, jit
 
@@ -44,9 +45,8 @@ D_POW2, D_TENSOR = int(DecodeKind.POW2), int(DecodeKind.TENSOR)
 TILE = 1000
 """Elements between carries: 1000 terms of 53 bits on a 32-bit digit stay below 2**63."""
 
-# where fpsim.formats.codes.LoopFormat's fields sit in the tuple of ints the loops take (loop_params)
 (P_INT, P_M, P_E, P_EMIN, P_ZERO, P_SIGNED, P_NAN, P_ENC, P_MAX, P_INF, P_NANCODE, P_FRAC, P_BITS, P_CLAMP,
- P_MAXINT, P_MININT, P_SAT, P_FTZ, P_WIDE, P_SUB, P_FAST) = map(LoopFormat._fields.index, (
+ P_MAXINT, P_MININT, P_SAT, P_FTZ, P_WIDE, P_SUB, P_FAST) = map(FormatParams._fields.index, (  # loop_params
     "is_int", "m", "e", "emin", "has_zero", "signed", "has_nan", "enc", "code_max", "code_inf", "code_nan",
     "frac", "bits", "clamp", "max_int", "min_int", "saturate", "ftz", "wide", "subnormal", "fast",
 ))  # fmt: skip

@@ -19,7 +19,7 @@ import numpy as np
 from .. import _compiled
 from .._compiled import Backend
 from ..formats import AnyFormat, Encoding, Format, IntFormat, RoundMode, get_format
-from ..formats.codes import LoopFormat
+from ..formats.params import format_params
 from . import _bitcore
 from .random import stochastic_words
 
@@ -131,40 +131,10 @@ _SEED0 = np.uint64(0)
 
 @cache
 def loop_params(fmt: AnyFormat, saturate: bool, ftz: bool) -> tuple[int, ...]:
-    """The :class:`~fpsim.formats.codes.LoopFormat` of ``fmt`` for the loops of
+    """The :class:`~fpsim.formats.params.FormatParams` of ``fmt`` for the loops of
     :mod:`fpsim._compiled.measure`, as a plain tuple (numba types a NamedTuple argument about
     12 us slower per call); ``ftz``: flush subnormal results."""
-    if isinstance(fmt, IntFormat):
-        return tuple(
-            LoopFormat(
-                is_int=1,
-                signed=int(fmt.signed),
-                frac=fmt.fraction_bits,
-                bits=fmt.bits,
-                clamp=int(saturate or fmt.symmetric),
-                max_int=int(fmt.max_int),
-                min_int=int(fmt.min_int),
-            )
-        )
-    return tuple(
-        LoopFormat(
-            m=fmt.mantissa_bits,
-            e=fmt.exponent_bits,
-            emin=fmt.min_exponent,
-            has_zero=int(fmt.has_zero),
-            signed=int(fmt.signed),
-            has_nan=int(fmt.has_nan),
-            enc=fmt.encoding.code,
-            code_max=int(fmt.code_of_max),
-            code_inf=int(fmt.code_of_inf or 0),
-            code_nan=int(fmt.code_of_nan or 0),
-            saturate=int(saturate),
-            ftz=int(ftz),
-            wide=int(fmt.bits > 16),
-            subnormal=int(fmt.subnormals and fmt.has_zero and fmt.mantissa_bits > 0),
-            fast=int(fmt.signed and fmt.has_zero),
-        )
-    )
+    return tuple(format_params(fmt, saturate=saturate, ftz=ftz))
 
 
 @cache

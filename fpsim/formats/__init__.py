@@ -9,6 +9,8 @@
 - :mod:`.codes`: the integer codes of an optimizer state's storage (``StateKind``) and of Adam's
   weight decay (``Decay``); with :attr:`RoundMode.code` and :attr:`Encoding.code`, the one
   numbering the compiled loops and the Triton kernels read.
+- :mod:`.params`: :class:`~fpsim.formats.params.FormatParams`, a format's numbers as the one
+  tuple the numba loops and the Triton kernels read.
 - :mod:`.amax`: the largest magnitude of a float32/float64 array decided on its bit patterns
   (NaN ignored or propagated), the one amax of every numpy-tier module, the trace included.
 

@@ -17,7 +17,6 @@ This module imports neither numba nor triton.
 from __future__ import annotations
 
 import enum
-from typing import NamedTuple
 
 __all__ = ["Decay", "DecodeKind", "FactorKind", "NumberedEnum", "StateKind"]
 
@@ -133,45 +132,3 @@ class DecodeKind(enum.IntEnum):
     POW2 = 0
     TENSOR = 1
     PRODUCT = 2
-
-
-class LoopFormat(NamedTuple):
-    """An element format as the compiled loops of :mod:`fpsim._compiled.measure` read it: ints
-    (flags 0 or 1) under their names (:func:`fpsim.emulate.element.loop_params` builds it; the
-    loops take it as a plain tuple and read each field at its position).
-
-    Attributes:
-        is_int: an :class:`~fpsim.IntFormat`.
-        m, e, emin: mantissa and exponent bits, the smallest normal exponent (float formats).
-        has_zero, signed, has_nan: the format's flags; enc: its :attr:`~fpsim.formats.Encoding.code`.
-        code_max, code_inf, code_nan: codes of the largest finite value, +inf and NaN (0: none).
-        frac, bits: fraction bits and width (integer formats).
-        clamp: integer formats clamp out-of-range values (saturate or symmetric), else wrap.
-        max_int, min_int: the integer format's range.
-        saturate, ftz: the encode's options (clamp to +-max; flush subnormal results).
-        wide: wider than 16 bits (no decode table).
-        subnormal: subnormal codes decode to numbers (subnormals kept, a zero, a mantissa).
-        fast: signed with a zero: nearest-even and stochastic rounding have a fast path.
-    """
-
-    is_int: int = 0
-    m: int = 0
-    e: int = 0
-    emin: int = 0
-    has_zero: int = 0
-    signed: int = 0
-    has_nan: int = 0
-    enc: int = 0
-    code_max: int = 0
-    code_inf: int = 0
-    code_nan: int = 0
-    frac: int = 0
-    bits: int = 0
-    clamp: int = 0
-    max_int: int = 0
-    min_int: int = 0
-    saturate: int = 0
-    ftz: int = 0
-    wide: int = 0
-    subnormal: int = 0
-    fast: int = 0

@@ -24,7 +24,7 @@ Modules:
     arguments: the host side's kernel arguments shared by ``cast``, ``blocks`` and ``optim``
         (stochastic-rounding words, the grid).
     format_args: an element format as the kernels take it, one runtime and one constexpr
-        tuple (:class:`~fpsim.kernels.format_args.FormatArgs`, ``FormatPaths``), and a block
+        tuple (:class:`~fpsim.formats.params.FormatParams`, ``FormatPaths``), and a block
         recipe's scale numbers (``ScaleArgs``).
     block_args: the block kernel's arguments as typed tuples (the tiling, the recipe's formats
         and scale numbers, its code paths).

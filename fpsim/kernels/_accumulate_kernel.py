@@ -43,10 +43,11 @@ import os
 import triton
 import triton.language as tl
 
-from fpsim.formats import RoundMode
+from fpsim.formats import Encoding, RoundMode
+from fpsim.formats.params import FormatParams
 
 from ._codes import Comp, Words
-from .accumulate import FORMAT_PARAMS, AccumulatorFormatArgs
+from .accumulate import FORMAT_PARAMS
 
 _INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"  # set by _loader.kernel_module
 
@@ -80,16 +81,20 @@ _WORDS_SPLITMIX64 = tl.constexpr(int(Words.SPLITMIX64))
 # (accumulator, product, promotion) of _NF entries each, then the two SplitMix64 stream
 # offsets (accumulator, products).
 _NF = tl.constexpr(FORMAT_PARAMS)
-# A format's numbers in the tuple _format returns: the fields of accumulate.AccumulatorFormatArgs at
-# their positions (as in the tensor), then the derived ones.
-_FIELDS = AccumulatorFormatArgs._fields
-_M, _EMIN, _LO, _SPAN, _CMAX = (
-    tl.constexpr(_FIELDS.index(f)) for f in ("m", "emin", "lo_bits", "span_bits", "code_max")
+# Where _format reads a format's numbers: the positions of fpsim.formats.params.FormatParams's
+# fields in its row of the tensor.
+_FIELDS = FormatParams._fields
+_P_M, _P_EMIN, _P_LO, _P_MAX, _P_CMAX, _P_ENC, _P_FTZ = (
+    tl.constexpr(_FIELDS.index(f))
+    for f in ("m", "emin", "f64_min_normal", "f64_max", "code_max", "enc", "ftz")
 )
-_HAS_INF, _NO_NAN, _NO_NEG0, _FTZ = (
-    tl.constexpr(_FIELDS.index(f)) for f in ("ieee", "finite", "fnuz", "ftz")
+_IEEE = tl.constexpr(Encoding.IEEE.code)
+_FINITE = tl.constexpr(Encoding.FINITE.code)
+_FNUZ = tl.constexpr(Encoding.FNUZ.code)
+# Positions in the tuple _format returns.
+_M, _EMIN, _LO, _SPAN, _CMAX, _HAS_INF, _NO_NAN, _NO_NEG0, _FTZ, _D, _KEEP, _HALF, _ZERO_SLOW = (
+    tl.constexpr(i) for i in range(13)
 )
-_D, _KEEP, _HALF, _ZERO_SLOW = (tl.constexpr(len(_FIELDS) + i) for i in range(4))
 _ABS = tl.constexpr(0x7FFFFFFFFFFFFFFF)
 _INF64 = tl.constexpr(0x7FF0000000000000)
 _NAN64 = tl.constexpr(0x7FF8000000000000)
@@ -120,27 +125,33 @@ def _any(flags):
 
 @_jit
 def _format(par_ptr, which):
-    """The numbers of format ``which`` (0 accumulator, 1 product, 2 promotion), a tuple: the
-    fields of :class:`~fpsim.kernels.accumulate.AccumulatorFormatArgs` at their positions
-    (``_M`` ... ``_FTZ``), then derived: ``_D`` ``d = 52 - m`` (uint64), ``_KEEP`` the mask
-    keeping the top ``m`` float64 fraction bits, ``_HALF`` half a quantum ``2**(d - 1)``,
-    ``_ZERO_SLOW`` 1 when zeros take the slow path (FNUZ: -0 becomes +0).
+    """The numbers of format ``which`` (0 accumulator, 1 product, 2 promotion), a tuple read
+    from its :class:`~fpsim.formats.params.FormatParams` row: ``_M`` mantissa bits, ``_EMIN``,
+    ``_LO`` the float64 bits of the smallest normal, ``_SPAN`` ``bits(max) - _LO``
+    (magnitudes outside ``[min normal, max]`` wrap past it), ``_CMAX`` the code of the
+    largest finite value, ``_HAS_INF`` / ``_NO_NAN`` / ``_NO_NEG0`` the encoding is IEEE /
+    FINITE / FNUZ (0 or 1), ``_FTZ`` subnormal results flush to zero; then ``_D``
+    ``d = 52 - m`` (uint64), ``_KEEP`` the mask keeping the top ``m`` float64 fraction bits,
+    ``_HALF`` half a quantum ``2**(d - 1)``, ``_ZERO_SLOW`` 1 when zeros take the slow path
+    (FNUZ: -0 becomes +0).
     """
     p = par_ptr + which * _NF
-    m = tl.load(p + _M)
-    fnuz = tl.load(p + _NO_NEG0)
+    m = tl.load(p + _P_M)
+    enc = tl.load(p + _P_ENC)
+    fnuz = (enc == _FNUZ).to(tl.int64)
+    lo = tl.load(p + _P_LO).to(tl.uint64, bitcast=True)
     d = (52 - m).to(tl.uint64)
     one = (m * 0 + 1).to(tl.uint64)
     return (
-        tl.load(p + 0),
-        tl.load(p + 1),
-        tl.load(p + 2).to(tl.uint64, bitcast=True),
-        tl.load(p + 3).to(tl.uint64, bitcast=True),
-        tl.load(p + 4).to(tl.uint64, bitcast=True),
-        tl.load(p + 5),
-        tl.load(p + 6),
-        tl.load(p + 7),
-        tl.load(p + 8),
+        m,
+        tl.load(p + _P_EMIN),
+        lo,
+        tl.load(p + _P_MAX).to(tl.uint64, bitcast=True) - lo,
+        tl.load(p + _P_CMAX).to(tl.uint64, bitcast=True),
+        (enc == _IEEE).to(tl.int64),
+        (enc == _FINITE).to(tl.int64),
+        fnuz,
+        tl.load(p + _P_FTZ),
         d,
         ~((one << d) - 1),
         one << (d - 1),

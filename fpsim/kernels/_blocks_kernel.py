@@ -14,7 +14,7 @@ the element format's ``emin`` (float elements) or its fraction bits (integer ele
 ``x * 2**-e`` is rounded once, as the emulator does in float64.
 
 A recipe arrives as tuples (:mod:`fpsim.kernels.block_args`): the element format and NVFP4's
-E4M3 scale format as :class:`~fpsim.kernels.format_args.FormatArgs` (runtime) with their
+E4M3 scale format as :class:`~fpsim.formats.params.FormatParams` (runtime) with their
 :class:`~fpsim.kernels.format_args.FormatPaths` (constexpr), the scale rule's numbers as a
 :class:`~fpsim.kernels.format_args.ScaleArgs`, the tiling as a
 :class:`~fpsim.kernels.block_args.BlockGrid` and every code path as one constexpr
@@ -109,7 +109,7 @@ def _te_scaled(b, amax, sa, POW2: tl.constexpr):
 def _nvfp4_scaled(b, amax, tamax_ptr, s8, S8: tl.constexpr):
     """NVFP4 (Transformer Engine core_nvfp4.cuh): (bits of ``x`` times the block's encode
     factor, the block's float8_e4m3fn scale code). ``s8`` / ``S8``: the E4M3 scale format's
-    FormatArgs (saturating) and FormatPaths."""
+    FormatParams (saturating) and FormatPaths."""
     one = tl.full((1, 1), 1.0, tl.float32)
     flt_max = f32(tl.full((1, 1), _FLT_MAX_BITS, tl.uint32))
     at = f32(tl.load(tamax_ptr).to(tl.uint32, bitcast=True)) * one
@@ -245,9 +245,9 @@ def block_kernel(
     grid,  # the tiling, a BlockGrid tuple
     nbits,  # stochastic rounding: random bits per rounding, 1 to 32
     rmask,  # stochastic rounding: 2**nbits - 1 (int32 bits)
-    fmt,  # the element format's numbers, a FormatArgs tuple (saturating)
+    fmt,  # the element format's numbers, a FormatParams tuple (saturating)
     scale,  # the scale rule's numbers, a ScaleArgs tuple
-    s8,  # NVFP4: the E4M3 block-scale format's numbers, a FormatArgs tuple (saturating)
+    s8,  # NVFP4: the E4M3 block-scale format's numbers, a FormatParams tuple (saturating)
     P: tl.constexpr,  # the code paths (rule, rounding, formats, ...), a BlockPaths tuple
     BRP: tl.constexpr,  # rows of the tile: grid.br rounded up to a power of two
     BCP: tl.constexpr,  # columns of the tile: grid.bc rounded up to a power of two

@@ -5,7 +5,7 @@ kernels").
 What changes the code path is ``tl.constexpr`` (rounding mode, overflow rule, the format's
 :class:`~fpsim.kernels.format_args.FormatPaths`, input type, random source, fused decode);
 the numbers of a format arrive as one runtime
-:class:`~fpsim.kernels.format_args.FormatArgs` tuple, so formats of one structure share a
+:class:`~fpsim.formats.params.FormatParams` tuple, so formats of one structure share a
 compiled kernel up to Triton's value specialisation of the tuple's fields (a field equal to
 1 becomes a constant).
 
@@ -38,7 +38,7 @@ def encode_kernel(
     seed_hi,  # RAND PHILOX: high 32 bits of the seed
     nbits,  # stochastic rounding: random bits per rounding, 1 to 32
     rmask,  # stochastic rounding: 2**nbits - 1 (int32 bits)
-    fmt,  # the format's numbers, a FormatArgs tuple
+    fmt,  # the format's numbers, a FormatParams tuple
     FMT: tl.constexpr,  # the format's code paths, a FormatPaths tuple
     MODE: tl.constexpr,  # rounding mode, a RoundMode.code
     OVF: tl.constexpr,  # where overflow goes, a _codes.Overflow
@@ -65,7 +65,7 @@ def decode_kernel(
     c_ptr,  # codes: uint8 / uint16 / uint32 or int8 .. int64 (range-checked on the host)
     out_ptr,  # float32 values as int32 bits
     n,  # number of codes
-    fmt,  # the format's numbers, a FormatArgs tuple
+    fmt,  # the format's numbers, a FormatParams tuple
     FMT: tl.constexpr,  # the format's code paths, a FormatPaths tuple
     BLOCK: tl.constexpr,  # codes per program, a power of two
     I64: tl.constexpr,  # 64-bit offsets (n + BLOCK >= 2**31)

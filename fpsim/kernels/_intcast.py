@@ -10,9 +10,9 @@ of an integer below 2**24 to float32, exact, to read its leading bit (as
 ``_bitcore._split`` does). Decode builds float32 bit patterns.
 
 A format arrives as two tuples (:mod:`fpsim.kernels.format_args`): ``f``, the runtime
-:class:`~fpsim.kernels.format_args.FormatArgs`, read only through :func:`i32` / :func:`u32`
-(a field may arrive as a compiled constant), and ``F``, the constexpr
-:class:`~fpsim.kernels.format_args.FormatPaths`. The rounding mode ``MODE`` is
+:class:`~fpsim.formats.params.FormatParams` (the tuple the numba loops read too), read only
+through :func:`i32` / :func:`u32` (a field may arrive as a compiled constant), and ``F``, the
+constexpr :class:`~fpsim.kernels.format_args.FormatPaths`. The rounding mode ``MODE`` is
 :attr:`fpsim.formats.RoundMode.code` and the overflow rule ``OVF`` an
 :class:`~fpsim.kernels._codes.Overflow`. The kernel files (``_cast_kernel.py``,
 ``_optim_kernel.py``, ``_blocks_kernel.py``) call these helpers; they are tested through
@@ -233,7 +233,7 @@ def encode_float(b, r, nbits, rmask, f, F: tl.constexpr, MODE: tl.constexpr, OVF
         b: float32 bit patterns (uint32).
         r, nbits, rmask: random words, their bit count (int32) and ``2**nbits - 1`` (uint32)
             for stochastic rounding (unused by the other modes).
-        f: the format's runtime :class:`~fpsim.kernels.format_args.FormatArgs`.
+        f: the format's runtime :class:`~fpsim.formats.params.FormatParams`.
         F: its constexpr :class:`~fpsim.kernels.format_args.FormatPaths`.
         MODE: the rounding mode (:attr:`fpsim.formats.RoundMode.code`).
         OVF: where overflow goes (:class:`~fpsim.kernels._codes.Overflow`, IEEE 754-2019
@@ -314,21 +314,21 @@ def encode_float(b, r, nbits, rmask, f, F: tl.constexpr, MODE: tl.constexpr, OVF
 
 @triton.jit
 def encode_int(b, r, nbits, rmask, f, MODE: tl.constexpr, shift=0):
-    """fpsim.emulate._bitcore.encode_int: two's complement codes (uint32) of ``x * 2**fb`` rounded.
+    """fpsim.emulate._bitcore.encode_int: two's complement codes (uint32) of ``x * 2**frac`` rounded.
 
     ``b``, ``r``, ``nbits``, ``rmask``, ``f``, ``MODE`` and ``shift`` as for :func:`encode_float`
-    (``shift`` lowers the fraction bits ``fb``).
-    ``f.clamp`` (runtime) clamps to [-lo, max_int] (saturate or symmetric formats) instead
+    (``shift`` lowers the fraction bits ``frac``).
+    ``f.clamp`` (runtime) clamps to [min_int, max_int] (saturate or symmetric formats) instead
     of wrapping modulo ``2**bits``.
     """
     imask = u32(f.imask)
     max_int = u32(f.max_int)
-    lo = u32(f.lo)
+    lo = 0 - u32(f.min_int)  # -min_int
     negu, mag, sig, es, es1 = split(b)
-    d = 150 - es1 - (i32(f.fb) - shift)  # bits of sig below the integer's units
+    d = 150 - es1 - (i32(f.frac) - shift)  # bits of sig below the integer's units
     kept = round_shift(sig, tl.maximum(d, 0), negu, r, nbits, rmask, MODE)
-    big = d < 0  # |x| * 2**fb >= 2**24: an integer far out of range
-    kept = tl.where(big, sig << tl.minimum(-d, i32(f.ibits)).to(tl.uint32), kept)
+    big = d < 0  # |x| * 2**frac >= 2**24: an integer far out of range
+    kept = tl.where(big, sig << tl.minimum(-d, i32(f.bits)).to(tl.uint32), kept)
     neg = negu != 0
     pos = tl.where(big | (kept > max_int), max_int, kept)
     negv = tl.where(big | (kept > lo), lo, kept)
@@ -377,9 +377,9 @@ def decode(c, f, F: tl.constexpr):
     elif F.IS_INT:
         imask = u32(f.imask)
         c = c & imask
-        scale = (c * 0).to(tl.int32) - i32(f.fb)
+        scale = (c * 0).to(tl.int32) - i32(f.frac)
         if F.SIGNED:  # two's complement: magnitude and sign
-            negu = c >> (u32(f.ibits) - 1)
+            negu = c >> (u32(f.bits) - 1)
             k = tl.where(negu != 0, (imask + 1) - c, c)
             bits = compose(k, scale) | (negu << 31)
         else:

@@ -39,7 +39,7 @@ by the same program, so the outputs may alias the inputs (in-place update).
 
 Each state's tensors, numbers and code paths arrive as tuples
 (:mod:`fpsim.kernels.optim_args`), its element format as the
-:class:`~fpsim.kernels.format_args.FormatArgs` / ``FormatPaths`` pair of the cast kernels.
+:class:`~fpsim.formats.params.FormatParams` / ``FormatPaths`` pair of the cast kernels.
 
 Executed once per mode by :func:`fpsim.kernels._loader.kernel_module`; import it there.
 """
@@ -143,7 +143,7 @@ def adam_kernel(
     seed_lo,  # P.RAND PHILOX: low 32 bits of the seed (int32 bits)
     seed_hi,  # P.RAND PHILOX: high 32 bits of the seed
     step,  # the step's float32 scalars, an AdamArgs tuple
-    p_fmt,  # the master format's numbers, a FormatArgs tuple
+    p_fmt,  # the master format's numbers, a FormatParams tuple
     m_args,  # the first moment's numbers, a StateArgs tuple (element format, scale)
     v_args,  # the second moment's numbers, a StateArgs tuple
     P: tl.constexpr,  # the master copy's code paths, a MasterPaths tuple

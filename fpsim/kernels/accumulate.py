@@ -60,7 +60,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any, NamedTuple
+from typing import Any
 
 import numpy as np
 
@@ -74,7 +74,8 @@ from fpsim.accumulate.spec import (
     accumulator_format,
 )
 from fpsim.emulate.random import SEED_MULTIPLIER
-from fpsim.formats import BlockFormat, Encoding, Format, RoundMode
+from fpsim.formats import BlockFormat, Format, RoundMode
+from fpsim.formats.params import FormatParams, format_params
 
 from ._codes import Comp, Words
 from ._loader import is_interpreted, kernel_module, require_torch
@@ -83,33 +84,10 @@ from ._loader import launch as _launch_kernel
 __all__ = ["Launch", "dot", "matmul"]
 
 
-class AccumulatorFormatArgs(NamedTuple):
-    """A float format as the accumulation kernel reads it from its int64 parameter tensor
-    (float64 bit patterns need 64 bits; the kernel reads each field at its position here).
-
-    Attributes:
-        m: mantissa bits; emin: exponent of the smallest normal.
-        lo_bits: the float64 bits of the smallest normal.
-        span_bits: ``bits(max) - lo_bits``: magnitudes outside ``[min normal, max]`` wrap past it.
-        code_max: the format's code of its largest finite value.
-        ieee, finite, fnuz: its encoding (has inf; no NaN; no -0), 0 or 1.
-        ftz: subnormal results flush to zero (formats without subnormals), 0 or 1.
-    """
-
-    m: int
-    emin: int
-    lo_bits: int
-    span_bits: int
-    code_max: int
-    ieee: int
-    finite: int
-    fnuz: int
-    ftz: int
-
-
-FORMAT_PARAMS = 10
-"""Entries per format in the kernel's int64 parameter tensor (:func:`_format_params`: the
-fields of :class:`AccumulatorFormatArgs`, then zeros)."""
+FORMAT_PARAMS = len(FormatParams._fields)
+"""Entries per format in the kernel's int64 parameter tensor: a format's
+:class:`~fpsim.formats.params.FormatParams` (:func:`_format_params`), the tuple the numba loops
+and the other kernels read, at its fields' positions."""
 
 
 _COMP = {c: Comp[c.name] for c in Compensation}
@@ -358,24 +336,11 @@ def _inputs(torch: Any, x: Any, rounding: Rounding | None, stream: int | None, n
 
 
 def _format_params(fmt: Format | None) -> list[int]:
-    """The numbers ``_accumulate_kernel._format`` reads (float32's for an unused slot)."""
+    """The :class:`~fpsim.formats.params.FormatParams` ``_accumulate_kernel._format`` reads
+    (float32's for an unused slot), subnormal results flushed where ``fmt`` has none."""
     if fmt is None:
         fmt = accumulator_format("float32")
-    lo = int(np.float64(fmt.min_normal).view(np.int64))
-    hi = int(np.float64(fmt.max).view(np.int64))
-    m = fmt.mantissa_bits
-    params = AccumulatorFormatArgs(
-        m=m,
-        emin=fmt.min_exponent,
-        lo_bits=lo,
-        span_bits=hi - lo,
-        code_max=fmt.code_of_max,
-        ieee=int(fmt.encoding is Encoding.IEEE),
-        finite=int(fmt.encoding is Encoding.FINITE),
-        fnuz=int(fmt.encoding is Encoding.FNUZ),
-        ftz=int(not fmt.subnormals and m > 0),
-    )
-    return [*params] + [0] * (FORMAT_PARAMS - len(params))
+    return list(format_params(fmt, ftz=not fmt.subnormals and fmt.mantissa_bits > 0))
 
 
 def _offset(stream: int | None) -> int:

@@ -2,7 +2,7 @@
 
 :func:`fpsim.kernels.blocks.encode_blocks` launches ``block_kernel`` with the tiling of the
 tensor (:class:`BlockGrid`), the element format and NVFP4's E4M3 scale format as
-:class:`~fpsim.kernels.format_args.FormatArgs` (built by
+:class:`~fpsim.formats.params.FormatParams` (built by
 :func:`~fpsim.kernels.format_args.element_args` and
 :func:`~fpsim.kernels.format_args.format_args`, as the optimizer kernel's states), the scale
 rule's numbers (:func:`~fpsim.kernels.format_args.scale_args`) and every code path as one
@@ -20,10 +20,10 @@ from typing import NamedTuple
 
 from fpsim.emulate.blocks import block_geometry
 from fpsim.formats import BlockFormat, RoundMode, ScaleRule, get_format
+from fpsim.formats.params import FormatParams
 
 from ._codes import Random, rule_code
 from .format_args import (
-    FormatArgs,
     FormatPaths,
     ScaleArgs,
     element_args,
@@ -109,9 +109,9 @@ class BlockArgs(NamedTuple):
         P: the code paths.
     """
 
-    fmt: FormatArgs
+    fmt: FormatParams
     scale: ScaleArgs
-    s8: FormatArgs
+    s8: FormatParams
     P: BlockPaths
 
 

@@ -23,11 +23,11 @@ import numpy as np
 from fpsim.emulate import decode
 from fpsim.emulate.scale_rules import nearest_thresholds
 from fpsim.formats import BlockFormat, Codebook, Format, RoundMode
+from fpsim.formats.params import FormatParams
 from fpsim.replay.optim import Adam
 
 from ._codes import Decay, Source, StateKind, state_kind
 from .format_args import (
-    FormatArgs,
     FormatPaths,
     ScaleArgs,
     element_args,
@@ -108,11 +108,11 @@ class AdamArgs(NamedTuple):
 
 
 class StateArgs(NamedTuple):
-    """An optimizer state's runtime numbers: its element format (:class:`FormatArgs`,
+    """An optimizer state's runtime numbers: its element format (:class:`FormatParams`,
     saturating) and its ABSMAX scale (:class:`ScaleArgs`); placeholders for FP32 and codebook
     states, which use neither."""
 
-    fmt: FormatArgs = FormatArgs()
+    fmt: FormatParams = FormatParams()
     scale: ScaleArgs = ScaleArgs()
 
 
@@ -150,7 +150,7 @@ class MasterPaths(NamedTuple):
 _SOURCES = {"float32": Source.FLOAT32, "bfloat16": Source.BFLOAT16, "float16": Source.FLOAT16}
 
 
-def master_paths(fmt: Format, mode: RoundMode, rand: int) -> tuple[FormatArgs, MasterPaths]:
+def master_paths(fmt: Format, mode: RoundMode, rand: int) -> tuple[FormatParams, MasterPaths]:
     """The master format's numbers and code paths (bfloat16, float16 or float32; rounded
     once, overflowing to inf as :func:`fpsim.encode`)."""
     fa, fp = format_args(fmt)

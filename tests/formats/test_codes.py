@@ -20,7 +20,8 @@ import pytest
 
 from fpsim.emulate import element
 from fpsim.formats import FORMATS, Encoding, Format, RoundMode
-from fpsim.formats.codes import Decay, LoopFormat, StateKind
+from fpsim.formats.codes import Decay, StateKind
+from fpsim.formats.params import FormatParams
 from fpsim.replay.optim import Adam, AdamW
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -69,12 +70,12 @@ def test_a_member_keeps_its_name_as_value():
 
 
 def test_the_numpy_tier_passes_the_encoding_code():
-    """The element parameters of the compiled loops carry ``fmt.encoding.code`` at ``P_ENC``
-    (position 7 of :func:`fpsim.emulate.element.loop_params`, measure.P_ENC below)."""
+    """The element parameters of the compiled loops carry ``fmt.encoding.code`` in the field
+    ``enc`` of :class:`FormatParams` (measure.P_ENC below)."""
     fmts = [f for f in FORMATS.values() if isinstance(f, Format)]
     assert {f.encoding for f in fmts} == set(Encoding)
     for f in fmts:
-        assert element.loop_params(f, False, False)[7] == f.encoding.code, f.name
+        assert FormatParams(*element.loop_params(f, False, False)).enc == f.encoding.code, f.name
 
 
 def test_the_optimizer_decay_mode_is_the_shared_code():
@@ -107,7 +108,7 @@ def test_the_compiled_tier_reads_the_shared_numbers():
     assert len(modes) == len(RoundMode) and len(encodings) == len(Encoding)  # every member
     for name in ("float8_e4m3fn", "float8_e4m3fnuz", "float8_e5m2", "float8_e8m0fnu", "float4_e2m1fn"):
         p, fmt = element.loop_params(FORMATS[name], False, False), FORMATS[name]
-        assert p[measure.P_ENC] == LoopFormat(*p).enc == fmt.encoding.code, name  # named, not numbered
+        assert p[measure.P_ENC] == FormatParams(*p).enc == fmt.encoding.code, name  # named, not numbered
         assert p[measure.P_MAX] == fmt.code_of_max and p[measure.P_EMIN] == fmt.min_exponent, name
     kinds = _tier_constants(loops, StateKind)
     decays = _tier_constants(loops, Decay)
