@@ -17,6 +17,10 @@ the fields it needs by name (numba and the accumulation kernel by their position
 Every field is an int (flags 0 or 1). The derived numbers (masks, limits) are computed here
 once, so no tier derives them again per call or per program.
 
+The fields keep their positions for good: a new field is appended and none is moved, because
+numba caches the compiled loops on disk with the positions frozen in and checks only the
+loops' own file for changes (tests/formats/test_params.py pins the order).
+
 This module imports neither numba nor triton. Tested in tests/formats/test_params.py
 (each field against ml_dtypes' ``finfo``/``iinfo`` and the format's spec numbers) and
 through every loop and kernel, which are compared bit for bit with the numpy tier.

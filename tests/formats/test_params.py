@@ -153,6 +153,20 @@ def test_the_accumulation_kernel_reads_the_tuple(name):
     assert all(-(1 << 63) <= v < (1 << 63) for v in row)
 
 
+FIXED_ORDER = (
+    "is_int", "signed", "has_zero", "has_nan", "enc", "bits", "e", "m", "emin", "bias", "code_max",
+    "code_inf", "code_nan", "subnormal", "fast", "wide", "frac", "max_int", "min_int", "saturate", "ftz",
+    "clamp", "emin_b", "d0", "inf_lim", "ftz_lim", "mant_one", "sign_shift", "subn_mask", "sign_mask",
+    "mag_mask", "frac_mask", "top_field", "imask", "f64_min_normal", "f64_max",
+)  # fmt: skip
+
+
+def test_fields_keep_their_positions():
+    """numba's disk cache keeps the loops' field positions (measure.P_*) frozen in, and checks
+    only measure.py for changes: a field may be appended, never moved."""
+    assert FormatParams._fields[: len(FIXED_ORDER)] == FIXED_ORDER
+
+
 # --- no second tuple of a format's numbers ----------------------------------------------------------
 
 _FORMAT_FIELDS = {"code_max", "emin", "mant_one", "code_inf", "code_nan"}
