@@ -32,7 +32,7 @@ from .blocks import block_geometry
 from .random import SEED_MULTIPLIER
 from .scale_rules import block_factors
 
-__all__ = ["covers", "quantize_values", "uncovered"]
+__all__ = ["Tally", "at_max_table", "covers", "quantize_tally", "quantize_values", "tally", "uncovered"]
 
 _F32 = np.float32
 _NONE32 = _compiled.frozen(np.zeros(0, np.float32))
@@ -85,6 +85,8 @@ class _Plan:
     pow2: bool = False
     tensor_amax: bool = False  # the rule takes the tensor's amax: the largest block amax (no NaN)
     scale_table: np.ndarray | None = None  # the scale format's decode_table; None: float32 bits
+    at_max: np.ndarray | None = None  # per element code: 1 where |decoded| is the format's elem_max
+    grid: tuple[int, ...] = ()  # the scales' shape (encode_array's BlockCodes.scales)
 
 
 _PLANS: dict[tuple[int, tuple[int, ...]], _Plan] = {}
@@ -127,7 +129,18 @@ def _make_plan(fmt: AnyFormat | BlockFormat, shape: tuple[int, ...]) -> _Plan:
     tensor = rule.needs_tensor_amax and ignore
     sf = fmt.scale_format
     stable = element.decode_table(sf) if sf.bits <= 16 else None
-    return _Plan(fmt, layout, int(count), params, element.loop_table(el), ignore, pow2, tensor, stable)
+    grid = tuple(-(-t // b) for t, b in zip(work, blk))
+    top = at_max_table(el, fmt.elem_max)
+    return _Plan(
+        fmt, layout, int(count), params, element.loop_table(el), ignore, pow2, tensor, stable, top, grid
+    )
+
+
+def at_max_table(el: Format | IntFormat, largest: float) -> np.ndarray:
+    """Per code of ``el`` (at most 16 bits), 1 where the code's value has magnitude ``largest``,
+    as the numpy tier decides it: ``np.abs(element.decode_array(codes, el)) == largest``."""
+    codes = np.arange(1 << el.bits, dtype=np.int64)
+    return (np.abs(element.decode_array(codes, el)) == largest).astype(np.uint8)
 
 
 def quantize_values(
@@ -155,6 +168,98 @@ def quantize_values(
             rounding without exactly one of ``rand`` and ``seed`` (or words of another size).
         TypeError: ``x`` is not float32.
     """
+    return _quantize(x, fmt, mode, rand, seed, False)[0]
+
+
+@dataclass(frozen=True)
+class Tally:
+    """What the statistics of a quantized operand take from one compiled pass over the input
+    ``x`` and its values ``q`` (:func:`quantize_tally`, :func:`tally`), each decided as
+    :func:`fpsim.train.gemm.operand_stats` decides it on numpy.
+
+    Attributes:
+        amax: the largest ``|x|``, NaN skipped (:func:`fpsim.formats.amax.amax_ignore_nan`).
+        underflow: the elements with ``x != 0`` and ``q == 0``.
+        saturated: the elements whose code has the format's largest magnitude and ``|x| > |q|``
+            (block formats, delayed scaling), or ``|x|`` above the format's largest value
+            (element formats).
+        squares: ``(f64(x) - f64(q))**2`` per element (float64, ``x``'s shape, C order).
+        scale_inv: the decode scales as float64 in the shape of the BlockCodes' scales (NVFP4:
+            times the tensor scale); None without scales.
+        widest: ``(max, min)`` magnitude of the finite nonzero elements of the first block with
+            the largest ``max / min`` (blocks of :func:`fpsim.train.gemm.max_block_dynamic_range`),
+            or None where no block has such an element.
+    """
+
+    amax: float
+    underflow: int
+    saturated: int
+    squares: np.ndarray
+    scale_inv: np.ndarray | None
+    widest: tuple[float, float] | None
+
+
+def quantize_tally(
+    x: np.ndarray,
+    fmt: AnyFormat | BlockFormat,
+    mode: RoundMode,
+    *,
+    rand: np.ndarray | None = None,
+    seed: int | None = None,
+) -> tuple[np.ndarray, Tally]:
+    """:func:`quantize_values` (the same values, the same arguments and errors) and its
+    :class:`Tally`: the block loop also flags the elements coded at the format's largest
+    magnitude (:func:`at_max_table`), one more compiled pass (:func:`tally`) counts the rest.
+    ``tests/train/test_operand_stats_fused.py`` compares the statistics with the numpy tier's."""
+    out, flags, dscale, tensor, plan = _quantize(x, fmt, mode, rand, seed, True)
+    if plan.layout is None:
+        return out, tally(x, out, limit=float(fmt.max))
+    s = dscale.astype(np.float64)
+    if tensor is not None:
+        s = s * tensor
+    return out, tally(x, out, flags=flags, layout=plan.layout[:4], scale_inv=s.reshape(plan.grid))
+
+
+def tally(
+    x: np.ndarray,
+    q: np.ndarray,
+    *,
+    flags: np.ndarray | None = None,
+    limit: float = np.inf,
+    layout: tuple[int, ...] | None = None,
+    scale_inv: np.ndarray | None = None,
+) -> Tally:
+    """The :class:`Tally` of float32 ``x`` quantized to float32 ``q`` (same shape): saturated
+    where ``flags`` (uint8 per element, 1 at the format's largest magnitude) and ``|x| > |q|``,
+    or without flags where ``|x| > limit``; the dynamic range over the blocks of ``layout``
+    (``(cols, bc, rows, br)`` as :func:`_make_plan` lays them out; None: the whole tensor)."""
+    if x.dtype != _F32 or q.dtype != _F32 or x.shape != q.shape:
+        got = f"{x.dtype}{x.shape}, {q.dtype}{q.shape}"
+        raise TypeError(f"tally takes float32 arrays of one shape, got {got}")
+    xs, qs = _compiled.frozen(x), _compiled.frozen(q)
+    n = xs.size
+    if layout is None:
+        layout = (n, n, 1, 1)
+    cols, bc, rows, br = layout
+    count = (n // max(cols * rows, 1)) * -(-cols // max(bc, 1)) * -(-rows // max(br, 1)) if n else 0
+    hi, lo = np.zeros(count, np.uint32), np.full(count, 0xFFFFFFFF, np.uint32)
+    sq, out = np.empty(x.shape, np.float64), np.zeros(4, np.int64)
+    fl = _NOFLAGS if flags is None else _compiled.frozen(flags, np.uint8)
+    if n:
+        loops = _compiled.load_operand()
+        loops.tally(xs, xs.view(np.uint32), qs, fl, float(limit), layout, sq.reshape(-1), hi, lo, out)
+    k = int(out[3])
+    widest = None if k < 0 else (float(hi[k : k + 1].view(_F32)[0]), float(lo[k : k + 1].view(_F32)[0]))
+    amax = float(np.uint32(out[0]).view(_F32))
+    return Tally(amax, int(out[1]), int(out[2]), sq, scale_inv, widest)
+
+
+_NOFLAGS = _compiled.frozen(np.zeros(0, np.uint8))
+
+
+def _quantize(x, fmt, mode, rand, seed, track: bool):
+    """:func:`quantize_values`; with ``track`` also the at-max flags (uint8 per element, block
+    formats), the decode scales (float32 per block) and the tensor scale."""
     if not isinstance(x, np.ndarray) or x.dtype != _F32:
         raise TypeError(f"quantize_values takes a float32 numpy array, got {getattr(x, 'dtype', type(x))}")
     words, mix = _words(x, mode, rand, seed)
@@ -162,11 +267,11 @@ def quantize_values(
     xs = _compiled.frozen(x)
     out = np.empty(xs.size, _F32)
     if xs.size == 0:
-        return out.reshape(x.shape)
+        return out.reshape(x.shape), _NOFLAGS, np.zeros(0, _F32), None, plan
     loops = _compiled.load_operand()
     if plan.layout is None:
         loops.element_values(xs, plan.params, mode.code, 32, mix, words, plan.table, out)
-        return out.reshape(x.shape)
+        return out.reshape(x.shape), _NOFLAGS, None, None, plan
     amax = np.zeros(plan.blocks, _F32)
     loops.block_amax(xs, plan.layout, plan.ignore_nan, amax)
     with np.errstate(invalid="ignore", divide="ignore", over="ignore"):
@@ -179,10 +284,15 @@ def quantize_values(
     f32 = _NONE32 if plan.pow2 else _compiled.frozen(factor, _F32)
     f64 = _compiled.frozen(factor, np.float64) if plan.pow2 else _NONE64
     tscale = _F32(tensor if tensor is not None else 1)
+    flags = np.empty(xs.size, np.uint8) if track else _FLAGS_OFF
     loops.block_values(
-        xs, plan.layout, f32, f64, dscale, tscale, plan.params, mode.code, 32, mix, words, plan.table, out
-    )
-    return out.reshape(x.shape)
+        xs, plan.layout, f32, f64, dscale, tscale, plan.params, mode.code, 32, mix, words, plan.table, out,
+        plan.at_max, flags,
+    )  # fmt: skip
+    return out.reshape(x.shape), flags, dscale, tensor, plan
+
+
+_FLAGS_OFF = np.zeros(0, np.uint8)  # (writable: the loop's flags argument is an output)
 
 
 def _words(x: np.ndarray, mode: RoundMode, rand: np.ndarray | None, seed: int | None):

@@ -73,8 +73,8 @@ from ..emulate import blocks, element, fused
 from ..emulate.delayed import DelayedScaling, DelayedState
 from ..emulate.random import random_bits_at
 from ..formats import FORMATS, RECIPES, BlockFormat, Codebook, Format, RoundMode, ScaleRule
-from ..formats.amax import amax_ignore_nan
 from ..replay.storage import master_seed
+from .opstats import OperandStats, fused_stats, max_block_dynamic_range, operand_stats
 
 __all__ = [
     "ACCUMULATORS",
@@ -373,39 +373,6 @@ def hadamard16(a: np.ndarray, backend: Backend = Backend.NUMPY) -> np.ndarray:
     return out.reshape(a.shape)
 
 
-@dataclass(frozen=True)
-class OperandStats:
-    """One quantized GEMM operand, as TE's debug tools log it (``log_fp8_tensor_stats``).
-
-    Attributes:
-        numel: elements.
-        amax: largest magnitude of the high-precision operand (after the Hadamard transform
-            where there is one), NaN ignored.
-        underflow_pct: nonzero elements quantized to zero (-0 counts as zero), % of ``numel``.
-        saturated_pct: elements clamped: magnitude above the element format's largest value
-            times the element's decode scale (TE's ``overflows%``), % of ``numel``; for element
-            formats (bf16) the elements beyond the format's range. As in TE, per-tensor scaling
-            can count the tensor's own amax element: ``max * f32(1 / scale)`` may round below
-            it (tested against TE's formula under ``fp8-current``).
-        scale_inv_min, scale_inv_max, scale_inv_std: over the decode scales of the blocks (NVFP4:
-            block scale times tensor scale; min over the nonzero ones); NaN for element formats.
-        mse: mean squared error of the dequantized operand (float64).
-        max_block_dynamic_range: :func:`max_block_dynamic_range` of the high-precision operand
-            over the blocks of its format (the whole tensor for per-tensor, delayed and element
-            formats), in binades (log2).
-    """
-
-    numel: int
-    amax: float
-    underflow_pct: float
-    saturated_pct: float
-    scale_inv_min: float
-    scale_inv_max: float
-    scale_inv_std: float
-    mse: float
-    max_block_dynamic_range: float
-
-
 def quantize_operand(
     a: np.ndarray,
     op: OperandRecipe,
@@ -419,14 +386,19 @@ def quantize_operand(
 
     ``random_bits``: the uint32 words of a stochastic rounding (``a``'s shape), else None.
     Delayed scaling is :func:`delayed_cast` (it carries a state). On :attr:`Backend.COMPILED`
-    without ``stats`` the values come from :func:`fpsim.emulate.fused.quantize_values` (one
-    compiled pass, the same bits; a format it does not cover is said so once, with a
-    :class:`fpsim.FallbackWarning`, and runs unfused).
+    the values come from :func:`fpsim.emulate.fused.quantize_values` (one compiled pass, the
+    same bits; a format it does not cover is said so once, with a :class:`fpsim.FallbackWarning`,
+    and runs unfused), with ``stats`` from :func:`fpsim.emulate.fused.quantize_tally` and
+    :func:`fpsim.train.opstats.fused_stats` (the numpy tier's statistics, field by field).
     """
     fmt = op.format
     mode = RoundMode.STOCHASTIC if random_bits is not None else RoundMode.NEAREST_EVEN
-    if backend is Backend.COMPILED and not stats and fused.covers(fmt):
-        return fused.quantize_values(a, fmt, mode, rand=random_bits), None
+    if backend is Backend.COMPILED and fused.covers(fmt):
+        if not stats:
+            return fused.quantize_values(a, fmt, mode, rand=random_bits), None
+        if a.size:
+            q, tally = fused.quantize_tally(a, fmt, mode, rand=random_bits)
+            return q, fused_stats(tally)
     if isinstance(fmt, BlockFormat):
         enc = blocks.encode_array(a, fmt, mode, backend, rand=random_bits)
         q = np.ascontiguousarray(blocks.decode_array(enc, fmt, backend))
@@ -464,93 +436,12 @@ def delayed_cast(
     q = np.ascontiguousarray((ev * s).astype(_F32))
     if not stats:
         return q, new, None
-    return q, new, operand_stats(a, q, np.abs(ev) == policy._fmt.max, np.array([s], np.float64))
-
-
-def operand_stats(
-    a: np.ndarray,
-    q: np.ndarray,
-    at_max: np.ndarray,
-    scale_inv: np.ndarray | None,
-    *,
-    saturated: np.ndarray | None = None,
-    block_format: BlockFormat | None = None,
-) -> OperandStats:
-    """:class:`OperandStats` of ``a`` quantized to ``q``: ``at_max`` marks elements coded at the
-    format's largest magnitude (saturated when ``|a| > |q|``, unless ``saturated`` is given),
-    ``scale_inv`` the decode scales (None: no scales), ``block_format`` the blocks of the
-    dynamic range (None: the whole tensor)."""
-    n = a.size
-    with np.errstate(invalid="ignore", over="ignore"):
-        if saturated is None:
-            saturated = at_max & (np.abs(a.astype(np.float64)) > np.abs(q.astype(np.float64)))
-        under = int(np.count_nonzero((a != 0) & (q == 0)))
-        d = a.astype(np.float64) - q
-        mse = float(np.mean(d * d)) if n else math.nan
-    amax = float(amax_ignore_nan(a)) if n else math.nan
-    if scale_inv is None or scale_inv.size == 0:
-        smin = smax = sstd = math.nan
-    else:
-        nz = scale_inv[scale_inv != 0]
-        smin = float(nz.min()) if nz.size else 0.0
-        smax, sstd = float(scale_inv.max()), float(scale_inv.std())
-    pct = 100.0 / n if n else math.nan
-    dr = max_block_dynamic_range(a, block_format)
-    return OperandStats(
-        n, amax, under * pct, int(np.count_nonzero(saturated)) * pct, smin, smax, sstd, mse, dr
-    )
-
-
-_MAG = np.uint32(0x7FFFFFFF)
-_INF_BITS = np.uint32(0x7F800000)
-
-
-def max_block_dynamic_range(a: np.ndarray, block_format: BlockFormat | None = None) -> float:
-    """The largest dynamic range of a block of ``a``, in binades.
-
-    A block's dynamic range is ``log2(max|x|) - log2(min |x|)`` over its finite nonzero
-    elements (NaN, infinities and zeros of either sign left out; 0 for a block without any);
-    the result is the largest over the blocks of ``block_format`` along ``a``'s axes (its
-    :func:`fpsim.emulate.blocks.block_geometry`: 1x32 blocks along the contraction axis,
-    16x16 or 128x128 tiles; padding adds no element), or of the whole tensor as one block
-    when ``block_format`` is None or scales the whole tensor. Transformer Engine's
-    ``LogTensorStats`` stat ``max_blockwise_dynamic_range`` (``block_size``, ``dims`` 1 or 2,
-    in ``debug/features/utils/stats_computation.py``) is the same quantity over blocks of the
-    flattened 2-D tensor it chooses, except that its torch reductions let an infinity through
-    (an infinite range) and a NaN poison its block.
-
-    Each decision is an integer comparison of float32 bit patterns (no NaN-dependent SIMD
-    reduction); the block with the largest ``max / min`` (a float64 quotient, correctly
-    rounded) gives ``math.log2(max) - math.log2(min)`` (exact for powers of two).
-
-    Raises:
-        TypeError: ``a`` is not float32.
-    """
-    if a.dtype != np.float32:
-        raise TypeError(f"max_block_dynamic_range takes a float32 array, got {a.dtype}")
-    mag = np.ascontiguousarray(a).view(np.uint32) & _MAG
-    keep = (mag != 0) & (mag < _INF_BITS)
-    hi = np.where(keep, mag, np.uint32(0))
-    lo = np.where(keep, mag, np.uint32(0xFFFFFFFF))
-    if block_format is None or block_format.block is None or a.ndim == 0:
-        hi, lo = hi.reshape(1, -1), lo.reshape(1, -1)
-    else:
-        work, blk = blocks.block_geometry(a.shape, block_format)
-        pads = [(0, (-t) % b) for t, b in zip(work, blk)]
-        split = [n for t, b in zip(work, blk) for n in ((t + (-t) % b) // b, b)]
-        hi = np.pad(hi.reshape(work), pads, constant_values=0).reshape(split)
-        lo = np.pad(lo.reshape(work), pads, constant_values=0xFFFFFFFF).reshape(split)
-        inner = tuple(range(1, 2 * len(work), 2))
-        hi = hi.transpose(*range(0, 2 * len(work), 2), *inner).reshape(-1, math.prod(blk))
-        lo = lo.transpose(*range(0, 2 * len(work), 2), *inner).reshape(-1, math.prod(blk))
-    hi, lo = hi.max(axis=1), lo.min(axis=1)
-    some = hi != 0
-    if not some.any():
-        return 0.0
-    top = hi[some].view(np.float32).astype(np.float64)
-    bottom = lo[some].view(np.float32).astype(np.float64)
-    k = int(np.argmax(top / bottom))
-    return math.log2(top[k]) - math.log2(bottom[k])
+    scale_inv = np.array([s], np.float64)
+    if backend is Backend.COMPILED and a.size and a.dtype == _F32:
+        top = fused.at_max_table(policy._fmt, policy._fmt.max)  # (a 256-entry table: cheap)
+        tally = fused.tally(a, q.reshape(a.shape), flags=top[enc.codes], scale_inv=scale_inv)
+        return q, new, fused_stats(tally)
+    return q, new, operand_stats(a, q, np.abs(ev) == policy._fmt.max, scale_inv)
 
 
 def operand_words(seed: int, module: str, step: int, gemm: Gemm, role: str, shape: tuple) -> np.ndarray:
@@ -582,10 +473,14 @@ def module_operand(
         except ValueError as e:
             raise ValueError(f"{module}: {role} in {g.value} {shape}: {e}") from None
     try:
-        if op.stochastic and backend is Backend.COMPILED and not stats and fused.covers(op.format):
+        fused_seed = op.stochastic and backend is Backend.COMPILED and (a.size or not stats)
+        if fused_seed and fused.covers(op.format):
             # the operand's words drawn inside the compiled loop (operand_words, not materialized)
             seed = operand_seed(recipe.seed, module, step, g, role)
-            return fused.quantize_values(a, op.format, RoundMode.STOCHASTIC, seed=seed), None
+            if not stats:
+                return fused.quantize_values(a, op.format, RoundMode.STOCHASTIC, seed=seed), None
+            q, tally = fused.quantize_tally(a, op.format, RoundMode.STOCHASTIC, seed=seed)
+            return q, fused_stats(tally)
         words = operand_words(recipe.seed, module, step, g, role, a.shape) if op.stochastic else None
         return quantize_operand(a, op, backend, random_bits=words, stats=stats)
     except ValueError as e:
