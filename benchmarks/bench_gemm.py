@@ -23,8 +23,8 @@ step of a few milliseconds is often descheduled, and the CPU time of single-thre
 - ``25m``: six residual MLP blocks of width 1024 with hidden width 2048 (two linears each,
   25.2M parameters in the linears), ``--tokens`` tokens per batch.
 
-``--profile RECIPE`` runs cProfile over the timed steps of that recipe on each model and prints
-the top functions by cumulative and own time.
+``--profile RECIPE`` runs cProfile over the timed steps of that recipe on each model (with
+``--stats``, of its ``+stats`` row) and prints the top functions by cumulative and own time.
 """
 
 from __future__ import annotations
@@ -116,7 +116,7 @@ def run(args) -> list[dict]:
         print(f"{name}:")
         for recipe in args.recipes:
             for stats in (False, True) if args.stats else (False,):
-                prof = cProfile.Profile() if recipe == args.profile and not stats else None
+                prof = cProfile.Profile() if recipe == args.profile and stats == args.stats else None
                 clock = time.process_time if args.clock == "cpu" else time.perf_counter
                 base = Loop(build(), x, y, clock)  # fresh: both models take the same steps from one start
                 emulated = Loop(convert(build(), recipe, backend=args.backend, stats=stats), x, y, clock)

@@ -81,7 +81,7 @@ def block_amax(x, layout, ignore_nan, out):
 
 
 @jit
-def block_values(xs, layout, f32, f64, dscale, tscale, p, mode, nbits, mix, rand, table, out, at_max, flags):
+def block_values(xs, layout, f32, f64, dscale, tscale, p, mode, nbits, mix, rand, table, out, top, sat):
     # fpsim.emulate.blocks.decode_array(encode_array(xs)) of a float32 tensor (flat) under a
     # block recipe, into out (float32), in tiles of whole rows: blocks numbered as
     # measure.block_ids numbers them (layout: cols, bc, rows, br, kind, dkind), inputs by kind
@@ -89,11 +89,13 @@ def block_values(xs, layout, f32, f64, dscale, tscale, p, mode, nbits, mix, rand
     # POW2 float64 xs * f64[b], NaN where f64[b] is), codes by measure.codes_tile under the
     # element parameters p (saturating), words rand[i] or, where rand is empty,
     # random_word(mix, i); values table[code] times dscale[b] by dkind (DecodeKind: POW2
-    # float64 product, TENSOR (v * s) * tscale, PRODUCT v * s); where flags is not empty,
-    # flags[i] = at_max[code] (1 where the element code's magnitude is the format's largest)
+    # float64 product, TENSOR (v * s) * tscale, PRODUCT v * s); where sat is not empty, sat[0]
+    # counts the saturated elements: code top[0] or top[1] (the codes of the element format's
+    # largest magnitude) and |x| > |value| (float32 compares: those of the exact widenings)
     cols, bc, rows, br, kind, dkind = layout[0], layout[1], layout[2], layout[3], layout[4], layout[5]
     per_row, bands, given = (cols + bc - 1) // bc, (rows + br - 1) // br, rand.size > 0
-    track = flags.size > 0
+    track = sat.size > 0
+    t0, t1 = (top[0], top[1]) if track else (np.uint64(0), np.uint64(0))
     step = max(1, TILE // cols)  # rows per tile
     codes, v = np.empty(step * cols, np.uint64), np.empty(step * cols, np.float64)
     nrows = xs.size // cols
@@ -133,9 +135,10 @@ def block_values(xs, layout, f32, f64, dscale, tscale, p, mode, nbits, mix, rand
                     for i in range(cs.size):
                         o[i] = table[cs[i]] * s
                 if track:
-                    fl = flags[r * cols + a : r * cols + b]
+                    x, n = xs[r * cols + a : r * cols + b], 0
                     for i in range(cs.size):
-                        fl[i] = at_max[cs[i]]
+                        n += ((cs[i] == t0) | (cs[i] == t1)) & (abs(x[i]) > abs(o[i]))
+                    sat[0] += n
 
 
 @jit
@@ -157,43 +160,48 @@ def element_values(x, p, mode, nbits, mix, rand, table, out):
 
 
 @jit
-def tally(xs, bits, q, flags, limit, layout, sq, hi, lo, out):
+def tally(xs, bits, q, flags, limit, layout, sq, hi, lo, hif, lof, out):
     # the exact, order-free statistics of x (float32, flat; bits its uint32 view) quantized to
-    # q, as fpsim.train.gemm.operand_stats decides them on numpy, in one pass: out[0] the
-    # largest magnitude bits without NaN (amax_ignore_nan), out[1] the count of x != 0 with
-    # q == 0, out[2] the saturated count (flags[i] and |x| > |q| where flags is not empty,
-    # else |x| > limit; float64 compares), out[3] the block of max_block_dynamic_range's
-    # argmax (-1: none); sq[i] = (f64(x) - f64(q))**2; hi[b], lo[b] the largest and smallest
-    # magnitude bits of the finite nonzero elements of block b (layout: cols, bc, rows, br,
-    # numbered as block_values numbers them; hi 0 and lo 0xFFFFFFFF where none)
-    cols, bc, rows, br = layout[0], layout[1], layout[2], layout[3]
-    per_row, bands, flagged = (cols + bc - 1) // bc, (rows + br - 1) // br, flags.size > 0
+    # q, as fpsim.train.opstats.operand_stats decides them on numpy: out[0] the largest
+    # magnitude bits without NaN (amax_ignore_nan), out[1] the count of x != 0 with q == 0,
+    # out[2] the saturated count (flags[i] and |x| > |q| where flags is not empty, else
+    # |x| > limit, none where limit is NaN; compares of the exact float64 widenings), out[3]
+    # the block of max_block_dynamic_range's argmax (-1: none); sq[i] = (f64(x) - f64(q))**2;
+    # hi[b], lo[b] the largest and smallest magnitude bits of the finite nonzero elements of
+    # block b (layout: cols, bc, rows, br, numbered as block_values numbers them; hi 0 and lo
+    # 0xFFFFFFFF where none; hif, lof their float32 views). Each loop is selects and integer
+    # reductions over slices from 0 (no wraparound checks: they vectorize)
+    inf, big, none = np.uint32(0x7F800000), np.uint32(0x7F7FFFFE), np.uint32(0xFFFFFFFF)
     top, under, sat = np.uint32(0), 0, 0
+    for i in range(xs.size):
+        m = bits[i] & np.uint32(0x7FFFFFFF)
+        top = max(top, m if m <= inf else np.uint32(0))
+        under += (xs[i] != 0) & (q[i] == 0)
+        d = np.float64(xs[i]) - np.float64(q[i])
+        sq[i] = d * d
+    if flags.size > 0:
+        for i in range(xs.size):
+            sat += (flags[i] != 0) & (abs(xs[i]) > abs(q[i]))
+    elif limit == limit:
+        for i in range(xs.size):
+            sat += abs(np.float64(xs[i])) > limit
+    cols, bc, rows, br = layout[0], layout[1], layout[2], layout[3]
+    per_row, bands = (cols + bc - 1) // bc, (rows + br - 1) // br
     for r in range(xs.size // cols):
         first = ((r // rows) * bands + (r % rows) // br) * per_row
         for c in range(per_row):
-            j, h, w = first + c, hi[first + c], lo[first + c]
-            for i in range(r * cols + c * bc, r * cols + min((c + 1) * bc, cols)):
-                m = bits[i] & np.uint32(0x7FFFFFFF)
-                if m <= np.uint32(0x7F800000):
-                    top = max(top, m)
-                    if (m != 0) & (m != np.uint32(0x7F800000)):
-                        h, w = max(h, m), min(w, m)
-                x, v = np.float64(xs[i]), np.float64(q[i])
-                under += (x != 0) & (v == 0)
-                if flagged:
-                    sat += (flags[i] != 0) & (abs(x) > abs(v))
-                else:
-                    sat += abs(x) > limit
-                d = x - v
-                sq[i] = d * d
+            j, a, b = first + c, r * cols + c * bc, r * cols + min((c + 1) * bc, cols)
+            u, h, w = bits[a:b], hi[j], lo[j]
+            for i in range(u.size):
+                m = u[i] & np.uint32(0x7FFFFFFF)
+                finite = (m - np.uint32(1)) <= big  # 0 < m < inf, unsigned
+                h = max(h, m if finite else np.uint32(0))
+                w = min(w, m if finite else none)
             hi[j], lo[j] = h, w
     best, k = 0.0, -1
     for j in range(hi.size):  # np.argmax of top / bottom over the blocks with one: the first largest
         if hi[j] != 0:
-            ratio = np.float64(hi[j : j + 1].view(np.float32)[0]) / np.float64(
-                lo[j : j + 1].view(np.float32)[0]
-            )
+            ratio = np.float64(hif[j]) / np.float64(lof[j])
             if k < 0 or ratio > best:
                 best, k = ratio, j
     out[0], out[1], out[2], out[3] = top, under, sat, k

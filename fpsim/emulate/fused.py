@@ -20,6 +20,7 @@ compares every value with the numpy tier's, bit for bit.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -32,7 +33,16 @@ from .blocks import block_geometry
 from .random import SEED_MULTIPLIER
 from .scale_rules import block_factors
 
-__all__ = ["Tally", "at_max_table", "covers", "quantize_tally", "quantize_values", "tally", "uncovered"]
+__all__ = [
+    "Tally",
+    "at_max_codes",
+    "at_max_table",
+    "covers",
+    "quantize_tally",
+    "quantize_values",
+    "tally",
+    "uncovered",
+]
 
 _F32 = np.float32
 _NONE32 = _compiled.frozen(np.zeros(0, np.float32))
@@ -85,7 +95,7 @@ class _Plan:
     pow2: bool = False
     tensor_amax: bool = False  # the rule takes the tensor's amax: the largest block amax (no NaN)
     scale_table: np.ndarray | None = None  # the scale format's decode_table; None: float32 bits
-    at_max: np.ndarray | None = None  # per element code: 1 where |decoded| is the format's elem_max
+    at_max: np.ndarray | None = None  # the (two) element codes of magnitude elem_max (at_max_codes)
     grid: tuple[int, ...] = ()  # the scales' shape (encode_array's BlockCodes.scales)
 
 
@@ -130,7 +140,7 @@ def _make_plan(fmt: AnyFormat | BlockFormat, shape: tuple[int, ...]) -> _Plan:
     sf = fmt.scale_format
     stable = element.decode_table(sf) if sf.bits <= 16 else None
     grid = tuple(-(-t // b) for t, b in zip(work, blk))
-    top = at_max_table(el, fmt.elem_max)
+    top = at_max_codes(el, fmt.elem_max)
     return _Plan(
         fmt, layout, int(count), params, element.loop_table(el), ignore, pow2, tensor, stable, top, grid
     )
@@ -141,6 +151,22 @@ def at_max_table(el: Format | IntFormat, largest: float) -> np.ndarray:
     as the numpy tier decides it: ``np.abs(element.decode_array(codes, el)) == largest``."""
     codes = np.arange(1 << el.bits, dtype=np.int64)
     return (np.abs(element.decode_array(codes, el)) == largest).astype(np.uint8)
+
+
+_NO_CODE = np.uint64(0xFFFFFFFFFFFFFFFF)  # above every code of at most 16 bits
+
+
+def at_max_codes(el: Format | IntFormat, largest: float) -> np.ndarray:
+    """The codes :func:`at_max_table` marks, as two uint64 (one repeated, or the value no code
+    has, where fewer: the loops compare each code with both).
+
+    Raises:
+        ValueError: more than two codes of that magnitude (no float or integer format has them).
+    """
+    codes = np.flatnonzero(at_max_table(el, largest)).astype(np.uint64)
+    if codes.size > 2:
+        raise ValueError(f"{el.name}: {codes.size} codes of magnitude {largest}, the loops compare two")
+    return np.concatenate([codes, np.full(2 - codes.size, _NO_CODE, np.uint64)])
 
 
 def quantize_values(
@@ -208,16 +234,17 @@ def quantize_tally(
     seed: int | None = None,
 ) -> tuple[np.ndarray, Tally]:
     """:func:`quantize_values` (the same values, the same arguments and errors) and its
-    :class:`Tally`: the block loop also flags the elements coded at the format's largest
-    magnitude (:func:`at_max_table`), one more compiled pass (:func:`tally`) counts the rest.
-    ``tests/train/test_operand_stats_fused.py`` compares the statistics with the numpy tier's."""
-    out, flags, dscale, tensor, plan = _quantize(x, fmt, mode, rand, seed, True)
+    :class:`Tally`: the block loop also counts the saturated elements (codes of the element
+    format's largest magnitude, :func:`at_max_codes`, whose input is above their value), one
+    more compiled pass (:func:`tally`) the rest. ``tests/train/test_operand_stats_fused.py``
+    compares the statistics with the numpy tier's."""
+    out, sat, dscale, tensor, plan = _quantize(x, fmt, mode, rand, seed, True)
     if plan.layout is None:
-        return out, tally(x, out, limit=float(fmt.max))
+        return out, _tally(x, out, _NOFLAGS, float(fmt.max), None, None, 0)
     s = dscale.astype(np.float64)
     if tensor is not None:
         s = s * tensor
-    return out, tally(x, out, flags=flags, layout=plan.layout[:4], scale_inv=s.reshape(plan.grid))
+    return out, _tally(x, out, _NOFLAGS, math.nan, plan.layout, s.reshape(plan.grid), int(sat[0]))
 
 
 def tally(
@@ -225,41 +252,63 @@ def tally(
     q: np.ndarray,
     *,
     flags: np.ndarray | None = None,
-    limit: float = np.inf,
-    layout: tuple[int, ...] | None = None,
+    limit: float = math.inf,
     scale_inv: np.ndarray | None = None,
 ) -> Tally:
-    """The :class:`Tally` of float32 ``x`` quantized to float32 ``q`` (same shape): saturated
-    where ``flags`` (uint8 per element, 1 at the format's largest magnitude) and ``|x| > |q|``,
-    or without flags where ``|x| > limit``; the dynamic range over the blocks of ``layout``
-    (``(cols, bc, rows, br)`` as :func:`_make_plan` lays them out; None: the whole tensor)."""
+    """The :class:`Tally` of float32 ``x`` quantized to float32 ``q`` (same shape), the whole
+    tensor one block of the dynamic range: saturated where ``flags`` (uint8 per element, 1 at
+    the format's largest magnitude) and ``|x| > |q|``, or without flags where ``|x| > limit``.
+
+    Raises:
+        TypeError: ``x`` or ``q`` not float32, or of different shapes.
+    """
+    if not isinstance(x, np.ndarray) or not isinstance(q, np.ndarray):
+        raise TypeError(f"tally takes numpy arrays, got {type(x).__name__}, {type(q).__name__}")
     if x.dtype != _F32 or q.dtype != _F32 or x.shape != q.shape:
         got = f"{x.dtype}{x.shape}, {q.dtype}{q.shape}"
         raise TypeError(f"tally takes float32 arrays of one shape, got {got}")
+    fl = _NOFLAGS if flags is None else _compiled.frozen(flags, np.uint8)
+    return _tally(x, q, fl, float(limit), None, scale_inv, 0)
+
+
+def _tally(x, q, flags, limit, layout, scale_inv, saturated) -> Tally:
+    """:func:`tally` of checked arrays over the blocks of ``layout`` (a plan's; None: the whole
+    tensor), ``saturated`` added to the loop's count (NaN ``limit``: counted by the caller)."""
     xs, qs = _compiled.frozen(x), _compiled.frozen(q)
     n = xs.size
-    if layout is None:
-        layout = (n, n, 1, 1)
-    cols, bc, rows, br = layout
-    count = (n // max(cols * rows, 1)) * -(-cols // max(bc, 1)) * -(-rows // max(br, 1)) if n else 0
+    cols, bc, rows, br = (n, n, 1, 1) if layout is None else layout[:4]
+    count = 1 if layout is None else (n // (cols * rows)) * -(-cols // bc) * -(-rows // br)
     hi, lo = np.zeros(count, np.uint32), np.full(count, 0xFFFFFFFF, np.uint32)
     sq, out = np.empty(x.shape, np.float64), np.zeros(4, np.int64)
-    fl = _NOFLAGS if flags is None else _compiled.frozen(flags, np.uint8)
     if n:
         loops = _compiled.load_operand()
-        loops.tally(xs, xs.view(np.uint32), qs, fl, float(limit), layout, sq.reshape(-1), hi, lo, out)
+        lay = (cols, bc, rows, br)
+        loops.tally(
+            xs,
+            xs.view(np.uint32),
+            qs,
+            flags,
+            limit,
+            lay,
+            sq.reshape(-1),
+            hi,
+            lo,
+            hi.view(_F32),
+            lo.view(_F32),
+            out,
+        )
     k = int(out[3])
-    widest = None if k < 0 else (float(hi[k : k + 1].view(_F32)[0]), float(lo[k : k + 1].view(_F32)[0]))
+    widest = None if k < 0 else (float(hi.view(_F32)[k]), float(lo.view(_F32)[k]))
     amax = float(np.uint32(out[0]).view(_F32))
-    return Tally(amax, int(out[1]), int(out[2]), sq, scale_inv, widest)
+    return Tally(amax, int(out[1]), int(out[2]) + saturated, sq, scale_inv, widest)
 
 
 _NOFLAGS = _compiled.frozen(np.zeros(0, np.uint8))
 
 
 def _quantize(x, fmt, mode, rand, seed, track: bool):
-    """:func:`quantize_values`; with ``track`` also the at-max flags (uint8 per element, block
-    formats), the decode scales (float32 per block) and the tensor scale."""
+    """:func:`quantize_values`; with ``track`` also the saturated count (an int64 array of
+    one, block formats), the decode scales (float32 per block) and the tensor scale."""
     if not isinstance(x, np.ndarray) or x.dtype != _F32:
         raise TypeError(f"quantize_values takes a float32 numpy array, got {getattr(x, 'dtype', type(x))}")
     words, mix = _words(x, mode, rand, seed)
@@ -267,11 +316,11 @@ def _quantize(x, fmt, mode, rand, seed, track: bool):
     xs = _compiled.frozen(x)
     out = np.empty(xs.size, _F32)
     if xs.size == 0:
-        return out.reshape(x.shape), _NOFLAGS, np.zeros(0, _F32), None, plan
+        return out.reshape(x.shape), np.zeros(1, np.int64), np.zeros(0, _F32), None, plan
     loops = _compiled.load_operand()
     if plan.layout is None:
         loops.element_values(xs, plan.params, mode.code, 32, mix, words, plan.table, out)
-        return out.reshape(x.shape), _NOFLAGS, None, None, plan
+        return out.reshape(x.shape), None, None, None, plan
     amax = np.zeros(plan.blocks, _F32)
     loops.block_amax(xs, plan.layout, plan.ignore_nan, amax)
     with np.errstate(invalid="ignore", divide="ignore", over="ignore"):
@@ -284,15 +333,12 @@ def _quantize(x, fmt, mode, rand, seed, track: bool):
     f32 = _NONE32 if plan.pow2 else _compiled.frozen(factor, _F32)
     f64 = _compiled.frozen(factor, np.float64) if plan.pow2 else _NONE64
     tscale = _F32(tensor if tensor is not None else 1)
-    flags = np.empty(xs.size, np.uint8) if track else _FLAGS_OFF
+    sat = np.zeros(1 if track else 0, np.int64)
     loops.block_values(
         xs, plan.layout, f32, f64, dscale, tscale, plan.params, mode.code, 32, mix, words, plan.table, out,
-        plan.at_max, flags,
+        plan.at_max, sat,
     )  # fmt: skip
-    return out.reshape(x.shape), flags, dscale, tensor, plan
-
-
-_FLAGS_OFF = np.zeros(0, np.uint8)  # (writable: the loop's flags argument is an output)
+    return out.reshape(x.shape), sat, dscale, tensor, plan
 
 
 def _words(x: np.ndarray, mode: RoundMode, rand: np.ndarray | None, seed: int | None):
