@@ -11,6 +11,12 @@ depends only on the format and the shape (the blocking, the loops' parameters, t
 table) is worked out once and kept. The emulated GEMMs of :mod:`fpsim.train` read their
 operands this way on the compiled backend.
 
+:func:`quantize_tally` also gives what an operand's statistics take (:class:`Tally`): the
+block loop counts the saturated elements from their codes, and one more compiled pass over the
+input and the values (:func:`tally`) the amax, underflows, squared errors and each block's
+magnitude range; :func:`fpsim.train.opstats.fused_stats` turns it into the numpy tier's
+:class:`~fpsim.train.gemm.OperandStats`, field by field (``tests/train/test_operand_stats_fused.py``).
+
 Covered: element formats of at most 16 bits and block formats of such elements with a
 non-codebook scale rule whose blocks span at most the last two axes (every preset GEMM recipe's
 format); :func:`uncovered` names what is not, and the caller runs the unfused encode and decode
@@ -238,13 +244,13 @@ def quantize_tally(
     format's largest magnitude, :func:`at_max_codes`, whose input is above their value), one
     more compiled pass (:func:`tally`) the rest. ``tests/train/test_operand_stats_fused.py``
     compares the statistics with the numpy tier's."""
-    out, sat, dscale, tensor, plan = _quantize(x, fmt, mode, rand, seed, True)
+    out, sat, dscale, tensor, plan, xs = _quantize(x, fmt, mode, rand, seed, True)
     if plan.layout is None:
-        return out, _tally(x, out, _NOFLAGS, float(fmt.max), None, None, 0)
+        return out, _tally(xs, out, _NOFLAGS, float(fmt.max), None, None, 0)
     s = dscale.astype(np.float64)
     if tensor is not None:
         s = s * tensor
-    return out, _tally(x, out, _NOFLAGS, math.nan, plan.layout, s.reshape(plan.grid), int(sat[0]))
+    return out, _tally(xs, out, _NOFLAGS, math.nan, plan.layout, s.reshape(plan.grid), int(sat[0]))
 
 
 def tally(
@@ -268,18 +274,19 @@ def tally(
         got = f"{x.dtype}{x.shape}, {q.dtype}{q.shape}"
         raise TypeError(f"tally takes float32 arrays of one shape, got {got}")
     fl = _NOFLAGS if flags is None else _compiled.frozen(flags, np.uint8)
-    return _tally(x, q, fl, float(limit), None, scale_inv, 0)
+    return _tally(_compiled.frozen(x), q, fl, float(limit), None, scale_inv, 0)
 
 
-def _tally(x, q, flags, limit, layout, scale_inv, saturated) -> Tally:
-    """:func:`tally` of checked arrays over the blocks of ``layout`` (a plan's; None: the whole
-    tensor), ``saturated`` added to the loop's count (NaN ``limit``: counted by the caller)."""
-    xs, qs = _compiled.frozen(x), _compiled.frozen(q)
+def _tally(xs, q, flags, limit, layout, scale_inv, saturated) -> Tally:
+    """:func:`tally` of checked arrays (``xs`` flat and read-only, ``q`` in the operand's shape)
+    over the blocks of ``layout`` (a plan's; None: the whole tensor), ``saturated`` added to the
+    loop's count (NaN ``limit``: counted by the caller)."""
+    qs = _compiled.frozen(q)
     n = xs.size
     cols, bc, rows, br = (n, n, 1, 1) if layout is None else layout[:4]
     count = 1 if layout is None else (n // (cols * rows)) * -(-cols // bc) * -(-rows // br)
     hi, lo = np.zeros(count, np.uint32), np.full(count, 0xFFFFFFFF, np.uint32)
-    sq, out = np.empty(x.shape, np.float64), np.zeros(4, np.int64)
+    sq, out = np.empty(q.shape, np.float64), np.zeros(4, np.int64)
     if n:
         loops = _compiled.load_operand()
         lay = (cols, bc, rows, br)
@@ -308,7 +315,8 @@ _NOFLAGS = _compiled.frozen(np.zeros(0, np.uint8))
 
 def _quantize(x, fmt, mode, rand, seed, track: bool):
     """:func:`quantize_values`; with ``track`` also the saturated count (an int64 array of
-    one, block formats), the decode scales (float32 per block) and the tensor scale."""
+    one, block formats), the decode scales (float32 per block), the tensor scale, the plan
+    and ``x`` as the loops read it (flat, read-only)."""
     if not isinstance(x, np.ndarray) or x.dtype != _F32:
         raise TypeError(f"quantize_values takes a float32 numpy array, got {getattr(x, 'dtype', type(x))}")
     words, mix = _words(x, mode, rand, seed)
@@ -316,11 +324,11 @@ def _quantize(x, fmt, mode, rand, seed, track: bool):
     xs = _compiled.frozen(x)
     out = np.empty(xs.size, _F32)
     if xs.size == 0:
-        return out.reshape(x.shape), np.zeros(1, np.int64), np.zeros(0, _F32), None, plan
+        return out.reshape(x.shape), np.zeros(1, np.int64), np.zeros(0, _F32), None, plan, xs
     loops = _compiled.load_operand()
     if plan.layout is None:
         loops.element_values(xs, plan.params, mode.code, 32, mix, words, plan.table, out)
-        return out.reshape(x.shape), None, None, None, plan
+        return out.reshape(x.shape), None, None, None, plan, xs
     amax = np.zeros(plan.blocks, _F32)
     loops.block_amax(xs, plan.layout, plan.ignore_nan, amax)
     with np.errstate(invalid="ignore", divide="ignore", over="ignore"):
@@ -338,7 +346,7 @@ def _quantize(x, fmt, mode, rand, seed, track: bool):
         xs, plan.layout, f32, f64, dscale, tscale, plan.params, mode.code, 32, mix, words, plan.table, out,
         plan.at_max, sat,
     )  # fmt: skip
-    return out.reshape(x.shape), sat, dscale, tensor, plan
+    return out.reshape(x.shape), sat, dscale, tensor, plan, xs
 
 
 def _words(x: np.ndarray, mode: RoundMode, rand: np.ndarray | None, seed: int | None):

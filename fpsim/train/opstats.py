@@ -111,14 +111,24 @@ def _record(
     min over the nonzero ones, max and std."""
     with np.errstate(invalid="ignore", over="ignore"):
         mse = float(np.mean(squares)) if n else math.nan
-    if scale_inv is None or scale_inv.size == 0:
-        smin = smax = sstd = math.nan
-    else:
-        nz = scale_inv[scale_inv != 0]
-        smin = float(nz.min()) if nz.size else 0.0
-        smax, sstd = float(scale_inv.max()), float(scale_inv.std())
+    smin, smax, sstd = _scale_summary(scale_inv)
     pct = 100.0 / n if n else math.nan
     return OperandStats(n, amax, under * pct, saturated * pct, smin, smax, sstd, mse, dr)
+
+
+def _scale_summary(scale_inv: np.ndarray | None) -> tuple[float, float, float]:
+    """min over the nonzero scales (0.0 where none), max and std (numpy's ``min``, ``max``,
+    ``std``; NaN without scales). One scale (per-tensor scaling) is read off directly, as numpy
+    computes it: ``x`` itself (min: 0.0 where 0), std ``sqrt((x - x)**2)``: 0.0, NaN for an
+    infinite or NaN ``x`` (tests/train/test_operand_stats_fused.py compares with numpy)."""
+    if scale_inv is None or scale_inv.size == 0:
+        return math.nan, math.nan, math.nan
+    if scale_inv.size == 1:
+        x = float(scale_inv.reshape(-1)[0])
+        return (0.0 if x == 0 else x), x, (0.0 if math.isfinite(x) else math.nan)
+    nz = scale_inv[scale_inv != 0]
+    smin = float(nz.min()) if nz.size else 0.0
+    return smin, float(scale_inv.max()), float(scale_inv.std())
 
 
 def _binades(top: float, bottom: float) -> float:

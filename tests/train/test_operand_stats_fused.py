@@ -23,7 +23,7 @@ from fpsim.emulate import fused
 from fpsim.emulate.delayed import DelayedScaling
 from fpsim.formats import RoundMode
 from fpsim.train import gemm as G
-from fpsim.train.opstats import OperandStats, fused_stats
+from fpsim.train.opstats import OperandStats, _scale_summary, fused_stats
 from tests.oracles import with_nans
 
 pytest.importorskip("numba")
@@ -168,3 +168,27 @@ def test_a_converted_model_records_the_same_statistics_on_both_backends() -> Non
             for k in g:
                 same = g[k] == w[k] or (isinstance(g[k], float) and math.isnan(g[k]) and math.isnan(w[k]))
                 assert same, f"{name} {g['module']} {g['gemm']} {g['role']} {k}: {g[k]!r} != {w[k]!r}"
+
+
+def test_one_scale_is_summarized_as_numpy_summarizes_it() -> None:
+    """Per-tensor scaling's single scale is read off directly; numpy's min (over the nonzero
+    ones), max and std of that one-element array give the same numbers."""
+    values = [0.0, -0.0, 5e-324, 1.5, 3.4028234663852886e38, 1e308, math.inf, math.nan]
+    for v in values:
+        s = np.array([v])
+        with np.errstate(invalid="ignore"):
+            nz = s[s != 0]
+            want = (float(nz.min()) if nz.size else 0.0, float(s.max()), float(s.std()))
+        got = _scale_summary(s)
+        for g, w in zip(got, want):
+            assert (g == w and math.copysign(1, g) == math.copysign(1, w)) or (
+                math.isnan(g) and math.isnan(w)
+            ), v
+
+
+def test_tally_refuses_what_it_cannot_count() -> None:
+    x = np.zeros((2, 3), np.float32)
+    with pytest.raises(TypeError, match="float32 arrays of one shape"):
+        fused.tally(x, np.zeros((3, 2), np.float32))
+    with pytest.raises(TypeError, match="float32 arrays of one shape"):
+        fused.tally(x.astype(np.float64), x)
