@@ -11,9 +11,12 @@ pieces, and the per-block factors and decode scales come in from the numpy rules
 (:func:`fpsim.emulate.scale_rules.block_factors`, one amax per block), applied by kind as
 :func:`~fpsim._compiled.measure.block_tally` applies them. :mod:`fpsim.emulate.fused` drives
 them; ``tests/emulate/test_fused.py`` compares every value with ``decode(encode(x))`` of the
-numpy tier, bit for bit. :func:`hadamard16` runs the float64 operations of
-:func:`fpsim.train.gemm.hadamard16` in the same order (``tests/train/test_fused_operand.py``
-compares them).
+numpy tier, bit for bit. With statistics, :func:`block_values` also counts the saturated
+elements and each block's magnitude range, and :func:`tally` the rest of what
+:func:`fpsim.train.opstats.operand_stats` decides on numpy (integer decisions: order-free;
+``tests/train/test_operand_stats_fused.py`` compares the statistics). :func:`hadamard16`
+runs the float64 operations of :func:`fpsim.train.gemm.hadamard16` in the same order
+(``tests/train/test_fused_operand.py`` compares them).
 
 Unlike :mod:`.loops` and :mod:`.measure`, these loops call compiled functions of other files,
 whose compiled code numba stores inside this file's cache entries while checking only this
@@ -81,7 +84,9 @@ def block_amax(x, layout, ignore_nan, out):
 
 
 @jit
-def block_values(xs, layout, f32, f64, dscale, tscale, p, mode, nbits, mix, rand, table, out, top, sat):
+def block_values(
+    xs, layout, f32, f64, dscale, tscale, p, mode, nbits, mix, rand, table, out, top, sat, ranges
+):
     # fpsim.emulate.blocks.decode_array(encode_array(xs)) of a float32 tensor (flat) under a
     # block recipe, into out (float32), in tiles of whole rows: blocks numbered as
     # measure.block_ids numbers them (layout: cols, bc, rows, br, kind, dkind), inputs by kind
@@ -89,13 +94,16 @@ def block_values(xs, layout, f32, f64, dscale, tscale, p, mode, nbits, mix, rand
     # POW2 float64 xs * f64[b], NaN where f64[b] is), codes by measure.codes_tile under the
     # element parameters p (saturating), words rand[i] or, where rand is empty,
     # random_word(mix, i); values table[code] times dscale[b] by dkind (DecodeKind: POW2
-    # float64 product, TENSOR (v * s) * tscale, PRODUCT v * s); where sat is not empty, sat[0]
+    # float64 product, TENSOR (v * s) * tscale, PRODUCT v * s). Where sat is not empty, sat[0]
     # counts the saturated elements: code top[0] or top[1] (the codes of the element format's
-    # largest magnitude) and |x| > |value| (float32 compares: those of the exact widenings)
+    # largest magnitude) and |x| > |value| (float32 compares: those of the exact widenings),
+    # and ranges (xbits, hi, lo: xs's uint32 view, per block the largest and smallest
+    # magnitude bits of its finite nonzero elements, combined with what they hold) is filled
     cols, bc, rows, br, kind, dkind = layout[0], layout[1], layout[2], layout[3], layout[4], layout[5]
     per_row, bands, given = (cols + bc - 1) // bc, (rows + br - 1) // br, rand.size > 0
     track = sat.size > 0
     t0, t1 = (top[0], top[1]) if track else (np.uint64(0), np.uint64(0))
+    xbits, bhi, blo = ranges
     step = max(1, TILE // cols)  # rows per tile
     codes, v = np.empty(step * cols, np.uint64), np.empty(step * cols, np.float64)
     nrows = xs.size // cols
@@ -135,10 +143,15 @@ def block_values(xs, layout, f32, f64, dscale, tscale, p, mode, nbits, mix, rand
                     for i in range(cs.size):
                         o[i] = table[cs[i]] * s
                 if track:
-                    x, n = xs[r * cols + a : r * cols + b], 0
+                    j, e0, e1 = first + c, r * cols + a, r * cols + b
+                    x, u, n, h, g = xs[e0:e1], xbits[e0:e1], 0, bhi[j], blo[j]
                     for i in range(cs.size):
                         n += ((cs[i] == t0) | (cs[i] == t1)) & (abs(x[i]) > abs(o[i]))
-                    sat[0] += n
+                        m = u[i] & np.uint32(0x7FFFFFFF)
+                        finite = (m - np.uint32(1)) <= np.uint32(0x7F7FFFFE)  # 0 < m < inf, unsigned
+                        h = max(h, m if finite else np.uint32(0))
+                        g = min(g, m if finite else np.uint32(0xFFFFFFFF))
+                    sat[0], bhi[j], blo[j] = sat[0] + n, h, g
 
 
 @jit
@@ -160,44 +173,38 @@ def element_values(x, p, mode, nbits, mix, rand, table, out):
 
 
 @jit
-def tally(xs, bits, q, flags, limit, layout, sq, hi, lo, hif, lof, out):
+def tally(xs, bits, q, flags, limit, whole, sq, hi, lo, hif, lof, out):
     # the exact, order-free statistics of x (float32, flat; bits its uint32 view) quantized to
     # q, as fpsim.train.opstats.operand_stats decides them on numpy: out[0] the largest
     # magnitude bits without NaN (amax_ignore_nan), out[1] the count of x != 0 with q == 0,
     # out[2] the saturated count (flags[i] and |x| > |q| where flags is not empty, else
     # |x| > limit, none where limit is NaN; compares of the exact float64 widenings), out[3]
-    # the block of max_block_dynamic_range's argmax (-1: none); sq[i] = (f64(x) - f64(q))**2;
-    # hi[b], lo[b] the largest and smallest magnitude bits of the finite nonzero elements of
-    # block b (layout: cols, bc, rows, br, numbered as block_values numbers them; hi 0 and lo
-    # 0xFFFFFFFF where none; hif, lof their float32 views). Each loop is selects and integer
-    # reductions over slices from 0 (no wraparound checks: they vectorize)
+    # the block of max_block_dynamic_range's argmax over hi, lo (-1: none; hif, lof their
+    # float32 views): per block the largest and smallest magnitude bits of its finite nonzero
+    # elements (0 and 0xFFFFFFFF where none), found here where whole (one block: the tensor),
+    # else by block_values; sq[i] = (f64(x) - f64(q))**2. Selects and integer reductions over
+    # whole arrays (they vectorize)
     inf, big, none = np.uint32(0x7F800000), np.uint32(0x7F7FFFFE), np.uint32(0xFFFFFFFF)
-    top, under, sat = np.uint32(0), 0, 0
+    top, under, sat, h, w = np.uint32(0), 0, 0, np.uint32(0), none
     for i in range(xs.size):
         m = bits[i] & np.uint32(0x7FFFFFFF)
         top = max(top, m if m <= inf else np.uint32(0))
         under += (xs[i] != 0) & (q[i] == 0)
         d = np.float64(xs[i]) - np.float64(q[i])
         sq[i] = d * d
+    if whole:
+        for i in range(xs.size):
+            m = bits[i] & np.uint32(0x7FFFFFFF)
+            finite = (m - np.uint32(1)) <= big  # 0 < m < inf, unsigned
+            h = max(h, m if finite else np.uint32(0))
+            w = min(w, m if finite else none)
+        hi[0], lo[0] = h, w
     if flags.size > 0:
         for i in range(xs.size):
             sat += (flags[i] != 0) & (abs(xs[i]) > abs(q[i]))
     elif limit == limit:
         for i in range(xs.size):
             sat += abs(np.float64(xs[i])) > limit
-    cols, bc, rows, br = layout[0], layout[1], layout[2], layout[3]
-    per_row, bands = (cols + bc - 1) // bc, (rows + br - 1) // br
-    for r in range(xs.size // cols):
-        first = ((r // rows) * bands + (r % rows) // br) * per_row
-        for c in range(per_row):
-            j, a, b = first + c, r * cols + c * bc, r * cols + min((c + 1) * bc, cols)
-            u, h, w = bits[a:b], hi[j], lo[j]
-            for i in range(u.size):
-                m = u[i] & np.uint32(0x7FFFFFFF)
-                finite = (m - np.uint32(1)) <= big  # 0 < m < inf, unsigned
-                h = max(h, m if finite else np.uint32(0))
-                w = min(w, m if finite else none)
-            hi[j], lo[j] = h, w
     best, k = 0.0, -1
     for j in range(hi.size):  # np.argmax of top / bottom over the blocks with one: the first largest
         if hi[j] != 0:

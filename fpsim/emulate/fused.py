@@ -244,13 +244,13 @@ def quantize_tally(
     format's largest magnitude, :func:`at_max_codes`, whose input is above their value), one
     more compiled pass (:func:`tally`) the rest. ``tests/train/test_operand_stats_fused.py``
     compares the statistics with the numpy tier's."""
-    out, sat, dscale, tensor, plan, xs = _quantize(x, fmt, mode, rand, seed, True)
+    out, sat, ranges, dscale, tensor, plan, xs = _quantize(x, fmt, mode, rand, seed, True)
     if plan.layout is None:
         return out, _tally(xs, out, _NOFLAGS, float(fmt.max), None, None, 0)
     s = dscale.astype(np.float64)
     if tensor is not None:
         s = s * tensor
-    return out, _tally(xs, out, _NOFLAGS, math.nan, plan.layout, s.reshape(plan.grid), int(sat[0]))
+    return out, _tally(xs, out, _NOFLAGS, math.nan, ranges, s.reshape(plan.grid), int(sat[0]))
 
 
 def tally(
@@ -277,32 +277,19 @@ def tally(
     return _tally(_compiled.frozen(x), q, fl, float(limit), None, scale_inv, 0)
 
 
-def _tally(xs, q, flags, limit, layout, scale_inv, saturated) -> Tally:
-    """:func:`tally` of checked arrays (``xs`` flat and read-only, ``q`` in the operand's shape)
-    over the blocks of ``layout`` (a plan's; None: the whole tensor), ``saturated`` added to the
-    loop's count (NaN ``limit``: counted by the caller)."""
+def _tally(xs, q, flags, limit, ranges, scale_inv, saturated) -> Tally:
+    """:func:`tally` of checked arrays (``xs`` flat and read-only, ``q`` in the operand's
+    shape): ``ranges`` the blocks' magnitude bits ``(hi, lo)`` block_values found (None: the
+    whole tensor one block, found here), ``saturated`` added to the loop's count (NaN
+    ``limit``: counted by the caller)."""
     qs = _compiled.frozen(q)
-    n = xs.size
-    cols, bc, rows, br = (n, n, 1, 1) if layout is None else layout[:4]
-    count = 1 if layout is None else (n // (cols * rows)) * -(-cols // bc) * -(-rows // br)
-    hi, lo = np.zeros(count, np.uint32), np.full(count, 0xFFFFFFFF, np.uint32)
+    hi, lo = _fresh_ranges(1) if ranges is None else ranges
     sq, out = np.empty(q.shape, np.float64), np.zeros(4, np.int64)
-    if n:
-        loops = _compiled.load_operand()
-        lay = (cols, bc, rows, br)
-        loops.tally(
-            xs,
-            xs.view(np.uint32),
-            qs,
-            flags,
-            limit,
-            lay,
-            sq.reshape(-1),
-            hi,
-            lo,
-            hi.view(_F32),
-            lo.view(_F32),
-            out,
+    if xs.size:
+        hf, lf = hi.view(_F32), lo.view(_F32)
+        whole = ranges is None
+        _compiled.load_operand().tally(
+            xs, xs.view(np.uint32), qs, flags, limit, whole, sq.reshape(-1), hi, lo, hf, lf, out
         )
     k = int(out[3])
     widest = None if k < 0 else (float(hi.view(_F32)[k]), float(lo.view(_F32)[k]))
@@ -310,13 +297,19 @@ def _tally(xs, q, flags, limit, layout, scale_inv, saturated) -> Tally:
     return Tally(amax, int(out[1]), int(out[2]) + saturated, sq, scale_inv, widest)
 
 
+def _fresh_ranges(count: int) -> tuple[np.ndarray, np.ndarray]:
+    """Per block the largest and smallest magnitude bits found so far: none (0, 0xFFFFFFFF)."""
+    return np.zeros(count, np.uint32), np.full(count, 0xFFFFFFFF, np.uint32)
+
+
 _NOFLAGS = _compiled.frozen(np.zeros(0, np.uint8))
 
 
 def _quantize(x, fmt, mode, rand, seed, track: bool):
-    """:func:`quantize_values`; with ``track`` also the saturated count (an int64 array of
-    one, block formats), the decode scales (float32 per block), the tensor scale, the plan
-    and ``x`` as the loops read it (flat, read-only)."""
+    """:func:`quantize_values`; with ``track`` also (block formats) the saturated count (an
+    int64 array of one) and the blocks' magnitude ranges (:func:`_tally`), the decode scales
+    (float32 per block), the tensor scale, the plan and ``x`` as the loops read it (flat,
+    read-only)."""
     if not isinstance(x, np.ndarray) or x.dtype != _F32:
         raise TypeError(f"quantize_values takes a float32 numpy array, got {getattr(x, 'dtype', type(x))}")
     words, mix = _words(x, mode, rand, seed)
@@ -324,11 +317,19 @@ def _quantize(x, fmt, mode, rand, seed, track: bool):
     xs = _compiled.frozen(x)
     out = np.empty(xs.size, _F32)
     if xs.size == 0:
-        return out.reshape(x.shape), np.zeros(1, np.int64), np.zeros(0, _F32), None, plan, xs
+        return (
+            out.reshape(x.shape),
+            np.zeros(1, np.int64),
+            _fresh_ranges(0),
+            np.zeros(0, _F32),
+            None,
+            plan,
+            xs,
+        )
     loops = _compiled.load_operand()
     if plan.layout is None:
         loops.element_values(xs, plan.params, mode.code, 32, mix, words, plan.table, out)
-        return out.reshape(x.shape), None, None, None, plan, xs
+        return out.reshape(x.shape), None, None, None, None, plan, xs
     amax = np.zeros(plan.blocks, _F32)
     loops.block_amax(xs, plan.layout, plan.ignore_nan, amax)
     with np.errstate(invalid="ignore", divide="ignore", over="ignore"):
@@ -342,11 +343,12 @@ def _quantize(x, fmt, mode, rand, seed, track: bool):
     f64 = _compiled.frozen(factor, np.float64) if plan.pow2 else _NONE64
     tscale = _F32(tensor if tensor is not None else 1)
     sat = np.zeros(1 if track else 0, np.int64)
+    hi, lo = _fresh_ranges(plan.blocks if track else 0)
     loops.block_values(
         xs, plan.layout, f32, f64, dscale, tscale, plan.params, mode.code, 32, mix, words, plan.table, out,
-        plan.at_max, sat,
+        plan.at_max, sat, (xs.view(np.uint32), hi, lo),
     )  # fmt: skip
-    return out.reshape(x.shape), sat, dscale, tensor, plan, xs
+    return out.reshape(x.shape), sat, (hi, lo), dscale, tensor, plan, xs
 
 
 def _words(x: np.ndarray, mode: RoundMode, rand: np.ndarray | None, seed: int | None):
