@@ -173,22 +173,23 @@ def element_values(x, p, mode, nbits, mix, rand, table, out):
 
 
 @jit
-def tally(xs, bits, q, flags, limit, whole, sq, hi, lo, hif, lof, out):
+def tally(xs, bits, q, codes, top, limit, whole, sq, hi, lo, hif, lof, out):
     # the exact, order-free statistics of x (float32, flat; bits its uint32 view) quantized to
     # q, as fpsim.train.opstats.operand_stats decides them on numpy: out[0] the largest
     # magnitude bits without NaN (amax_ignore_nan), out[1] the count of x != 0 with q == 0,
-    # out[2] the saturated count (flags[i] and |x| > |q| where flags is not empty, else
-    # |x| > limit, none where limit is NaN; compares of the exact float64 widenings), out[3]
+    # out[2] the saturated count (codes[i] one of top[0], top[1] and |x| > |q| where codes is
+    # not empty, else |x| > limit, none where limit is NaN; compares of the exact float64
+    # widenings), out[3]
     # the block of max_block_dynamic_range's argmax over hi, lo (-1: none; hif, lof their
     # float32 views): per block the largest and smallest magnitude bits of its finite nonzero
     # elements (0 and 0xFFFFFFFF where none), found here where whole (one block: the tensor),
     # else by block_values; sq[i] = (f64(x) - f64(q))**2. Selects and integer reductions over
     # whole arrays (they vectorize)
     inf, big, none = np.uint32(0x7F800000), np.uint32(0x7F7FFFFE), np.uint32(0xFFFFFFFF)
-    top, under, sat, h, w = np.uint32(0), 0, 0, np.uint32(0), none
+    amax, under, sat, h, w = np.uint32(0), 0, 0, np.uint32(0), none
     for i in range(xs.size):
         m = bits[i] & np.uint32(0x7FFFFFFF)
-        top = max(top, m if m <= inf else np.uint32(0))
+        amax = max(amax, m if m <= inf else np.uint32(0))
         under += (xs[i] != 0) & (q[i] == 0)
         d = np.float64(xs[i]) - np.float64(q[i])
         sq[i] = d * d
@@ -199,9 +200,10 @@ def tally(xs, bits, q, flags, limit, whole, sq, hi, lo, hif, lof, out):
             h = max(h, m if finite else np.uint32(0))
             w = min(w, m if finite else none)
         hi[0], lo[0] = h, w
-    if flags.size > 0:
+    if codes.size > 0:
+        t0, t1 = top[0], top[1]
         for i in range(xs.size):
-            sat += (flags[i] != 0) & (abs(xs[i]) > abs(q[i]))
+            sat += ((codes[i] == t0) | (codes[i] == t1)) & (abs(xs[i]) > abs(q[i]))
     elif limit == limit:
         for i in range(xs.size):
             sat += abs(np.float64(xs[i])) > limit
@@ -211,7 +213,7 @@ def tally(xs, bits, q, flags, limit, whole, sq, hi, lo, hif, lof, out):
             ratio = np.float64(hif[j]) / np.float64(lof[j])
             if k < 0 or ratio > best:
                 best, k = ratio, j
-    out[0], out[1], out[2], out[3] = top, under, sat, k
+    out[0], out[1], out[2], out[3] = amax, under, sat, k
 
 
 @jit

@@ -27,6 +27,7 @@ compares every value with the numpy tier's, bit for bit.
 from __future__ import annotations
 
 import math
+import threading
 from dataclasses import dataclass
 
 import numpy as np
@@ -44,6 +45,7 @@ __all__ = [
     "at_max_codes",
     "at_max_table",
     "covers",
+    "mean_square",
     "quantize_tally",
     "quantize_values",
     "tally",
@@ -169,10 +171,20 @@ def at_max_codes(el: Format | IntFormat, largest: float) -> np.ndarray:
     Raises:
         ValueError: more than two codes of that magnitude (no float or integer format has them).
     """
+    kept = _AT_MAX.get((id(el), largest))
+    if kept is not None and kept[0] is el:
+        return kept[1]
     codes = np.flatnonzero(at_max_table(el, largest)).astype(np.uint64)
     if codes.size > 2:
         raise ValueError(f"{el.name}: {codes.size} codes of magnitude {largest}, the loops compare two")
-    return np.concatenate([codes, np.full(2 - codes.size, _NO_CODE, np.uint64)])
+    out = np.concatenate([codes, np.full(2 - codes.size, _NO_CODE, np.uint64)])
+    if len(_AT_MAX) >= _MAX_PLANS:
+        _AT_MAX.clear()
+    _AT_MAX[(id(el), largest)] = (el, out)  # (kept per format object, as the plans are)
+    return out
+
+
+_AT_MAX: dict[tuple[int, float], tuple[Format | IntFormat, np.ndarray]] = {}
 
 
 def quantize_values(
@@ -215,7 +227,9 @@ class Tally:
         saturated: the elements whose code has the format's largest magnitude and ``|x| > |q|``
             (block formats, delayed scaling), or ``|x|`` above the format's largest value
             (element formats).
-        squares: ``(f64(x) - f64(q))**2`` per element (float64, ``x``'s shape, C order).
+        numel: the elements.
+        mse: :func:`mean_square` of ``(f64(x) - f64(q))**2`` per element (a float64 array of
+            ``x``'s shape in C order).
         scale_inv: the decode scales as float64 in the shape of the BlockCodes' scales (NVFP4:
             times the tensor scale); None without scales.
         widest: ``(max, min)`` magnitude of the finite nonzero elements of the first block with
@@ -226,7 +240,8 @@ class Tally:
     amax: float
     underflow: int
     saturated: int
-    squares: np.ndarray
+    numel: int
+    mse: float
     scale_inv: np.ndarray | None
     widest: tuple[float, float] | None
 
@@ -246,55 +261,92 @@ def quantize_tally(
     compares the statistics with the numpy tier's."""
     out, sat, ranges, dscale, tensor, plan, xs = _quantize(x, fmt, mode, rand, seed, True)
     if plan.layout is None:
-        return out, _tally(xs, out, _NOFLAGS, float(fmt.max), None, None, 0)
+        return out, _tally(xs, out, _NOCODES, _NOTOP, float(fmt.max), None, None, 0)
     s = dscale.astype(np.float64)
     if tensor is not None:
         s = s * tensor
-    return out, _tally(xs, out, _NOFLAGS, math.nan, ranges, s.reshape(plan.grid), int(sat[0]))
+    return out, _tally(xs, out, _NOCODES, _NOTOP, math.nan, ranges, s.reshape(plan.grid), int(sat[0]))
 
 
 def tally(
     x: np.ndarray,
     q: np.ndarray,
     *,
-    flags: np.ndarray | None = None,
+    codes: np.ndarray | None = None,
+    at_max: np.ndarray | None = None,
     limit: float = math.inf,
     scale_inv: np.ndarray | None = None,
 ) -> Tally:
     """The :class:`Tally` of float32 ``x`` quantized to float32 ``q`` (same shape), the whole
-    tensor one block of the dynamic range: saturated where ``flags`` (uint8 per element, 1 at
-    the format's largest magnitude) and ``|x| > |q|``, or without flags where ``|x| > limit``.
+    tensor one block of the dynamic range: saturated where the element code (``codes``,
+    unsigned integers of ``x``'s shape) is one of ``at_max`` (:func:`at_max_codes`) and
+    ``|x| > |q|``, or without codes where ``|x| > limit``.
 
     Raises:
-        TypeError: ``x`` or ``q`` not float32, or of different shapes.
+        TypeError: ``x`` or ``q`` not float32, of different shapes, or codes that are not
+            unsigned integers of that shape, or without ``at_max``.
     """
     if not isinstance(x, np.ndarray) or not isinstance(q, np.ndarray):
         raise TypeError(f"tally takes numpy arrays, got {type(x).__name__}, {type(q).__name__}")
     if x.dtype != _F32 or q.dtype != _F32 or x.shape != q.shape:
         got = f"{x.dtype}{x.shape}, {q.dtype}{q.shape}"
         raise TypeError(f"tally takes float32 arrays of one shape, got {got}")
-    fl = _NOFLAGS if flags is None else _compiled.frozen(flags, np.uint8)
-    return _tally(_compiled.frozen(x), q, fl, float(limit), None, scale_inv, 0)
+    if codes is None:
+        return _tally(_compiled.frozen(x), q, _NOCODES, _NOTOP, float(limit), None, scale_inv, 0)
+    if (
+        not isinstance(codes, np.ndarray)
+        or codes.dtype.kind != "u"
+        or codes.shape != x.shape
+        or at_max is None
+    ):
+        got = f"{getattr(codes, 'dtype', type(codes))}{getattr(codes, 'shape', '')}"
+        raise TypeError(f"tally takes unsigned codes of shape {x.shape} and their at_max codes, got {got}")
+    top = np.asarray(at_max, np.uint64)
+    return _tally(_compiled.frozen(x), q, _compiled.frozen(codes), top, math.nan, None, scale_inv, 0)
 
 
-def _tally(xs, q, flags, limit, ranges, scale_inv, saturated) -> Tally:
+def _tally(xs, q, codes, top, limit, ranges, scale_inv, saturated) -> Tally:
     """:func:`tally` of checked arrays (``xs`` flat and read-only, ``q`` in the operand's
     shape): ``ranges`` the blocks' magnitude bits ``(hi, lo)`` block_values found (None: the
     whole tensor one block, found here), ``saturated`` added to the loop's count (NaN
     ``limit``: counted by the caller)."""
     qs = _compiled.frozen(q)
     hi, lo = _fresh_ranges(1) if ranges is None else ranges
-    sq, out = np.empty(q.shape, np.float64), np.zeros(4, np.int64)
+    sq, out = _squares(qs.size), np.zeros(4, np.int64)
     if xs.size:
         hf, lf = hi.view(_F32), lo.view(_F32)
         whole = ranges is None
         _compiled.load_operand().tally(
-            xs, xs.view(np.uint32), qs, flags, limit, whole, sq.reshape(-1), hi, lo, hf, lf, out
+            xs, xs.view(np.uint32), qs, codes, top, limit, whole, sq, hi, lo, hf, lf, out
         )
     k = int(out[3])
     widest = None if k < 0 else (float(hi.view(_F32)[k]), float(lo.view(_F32)[k]))
     amax = float(np.uint32(out[0]).view(_F32))
-    return Tally(amax, int(out[1]), int(out[2]) + saturated, sq, scale_inv, widest)
+    mse = mean_square(sq.reshape(q.shape))
+    return Tally(amax, int(out[1]), int(out[2]) + saturated, qs.size, mse, scale_inv, widest)
+
+
+def mean_square(squares: np.ndarray) -> float:
+    """The mean of float64 ``squares`` as both tiers' ``mse`` takes it: ``np.mean`` (numpy's
+    pairwise summation, in the order of the array's C layout), NaN for none."""
+    with np.errstate(invalid="ignore", over="ignore"):
+        return float(np.mean(squares)) if squares.size else math.nan
+
+
+_SCRATCH = threading.local()
+_SCRATCH_KEPT = 1 << 22  # elements: larger scratch is not kept between calls
+
+
+def _squares(n: int) -> np.ndarray:
+    """A float64 scratch array of ``n`` elements for the squared errors, kept per thread up to
+    :data:`_SCRATCH_KEPT` elements: a fresh array of megabytes costs its page faults at each
+    call (more than the tally itself). Read before the thread's next tally."""
+    if n > _SCRATCH_KEPT:
+        return np.empty(n, np.float64)
+    buf = getattr(_SCRATCH, "buf", None)
+    if buf is None or buf.size < n:
+        buf = _SCRATCH.buf = np.empty(max(n, 1024), np.float64)
+    return buf[:n]
 
 
 def _fresh_ranges(count: int) -> tuple[np.ndarray, np.ndarray]:
@@ -302,7 +354,8 @@ def _fresh_ranges(count: int) -> tuple[np.ndarray, np.ndarray]:
     return np.zeros(count, np.uint32), np.full(count, 0xFFFFFFFF, np.uint32)
 
 
-_NOFLAGS = _compiled.frozen(np.zeros(0, np.uint8))
+_NOCODES = _compiled.frozen(np.zeros(0, np.uint8))
+_NOTOP = np.full(2, _NO_CODE, np.uint64)
 
 
 def _quantize(x, fmt, mode, rand, seed, track: bool):

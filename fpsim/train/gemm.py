@@ -438,8 +438,8 @@ def delayed_cast(
         return q, new, None
     scale_inv = np.array([s], np.float64)
     if backend is Backend.COMPILED and a.size and a.dtype == _F32:
-        top = fused.at_max_table(policy._fmt, policy._fmt.max)  # (a 256-entry table: cheap)
-        tally = fused.tally(a, q.reshape(a.shape), flags=top[enc.codes], scale_inv=scale_inv)
+        top = fused.at_max_codes(policy._fmt, policy._fmt.max)
+        tally = fused.tally(a, q.reshape(a.shape), codes=enc.codes, at_max=top, scale_inv=scale_inv)
         return q, new, fused_stats(tally)
     return q, new, operand_stats(a, q, np.abs(ev) == policy._fmt.max, scale_inv)
 

@@ -9,7 +9,8 @@ builds the same record from one compiled quantize pass and one compiled tally pa
 largest and smallest magnitude are exact integer decisions (order-free); the reductions
 whose result depends on the order of a sum (``mse``, ``scale_inv_std``) and the float
 formulas (``min``/``max`` of the scales, the range's ``log2``) run the same numpy calls on
-the same arrays in both tiers (:func:`_record`), so every field is equal
+the same arrays in both tiers (:func:`fpsim.emulate.fused.mean_square`, :func:`_record`),
+so every field is equal
 (``tests/train/test_operand_stats_fused.py`` compares them, NaN by class).
 """
 
@@ -20,7 +21,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..emulate import blocks
+from ..emulate import blocks, fused
 from ..emulate.fused import Tally
 from ..formats import BlockFormat
 from ..formats.amax import amax_ignore_nan
@@ -80,21 +81,21 @@ def operand_stats(
             saturated = at_max & (np.abs(a.astype(np.float64)) > np.abs(q.astype(np.float64)))
         under = int(np.count_nonzero((a != 0) & (q == 0)))
         d = a.astype(np.float64, order="C") - q  # (C order: the same sum as fused_stats')
-        squares = d * d
+        mse = fused.mean_square(d * d)
     amax = float(amax_ignore_nan(a)) if n else math.nan
     dr = max_block_dynamic_range(a, block_format)
-    return _record(n, amax, under, int(np.count_nonzero(saturated)), scale_inv, squares, dr)
+    return _record(n, amax, under, int(np.count_nonzero(saturated)), scale_inv, mse, dr)
 
 
 def fused_stats(tally: Tally) -> OperandStats:
     """:class:`OperandStats` from the :class:`fpsim.emulate.fused.Tally` of a nonempty operand
     (the compiled backend): the same fields :func:`operand_stats` gives for the same input."""
-    n = tally.squares.size
+    n = tally.numel
     if n == 0:
         raise ValueError("fused_stats: an empty operand has no tally (operand_stats takes it)")
     w = tally.widest
     dr = 0.0 if w is None else _binades(w[0], w[1])
-    return _record(n, tally.amax, tally.underflow, tally.saturated, tally.scale_inv, tally.squares, dr)
+    return _record(n, tally.amax, tally.underflow, tally.saturated, tally.scale_inv, tally.mse, dr)
 
 
 def _record(
@@ -103,14 +104,12 @@ def _record(
     under: int,
     saturated: int,
     scale_inv: np.ndarray | None,
-    squares: np.ndarray,
+    mse: float,
     dr: float,
 ) -> OperandStats:
-    """The fields both tiers compute alike from the counts and arrays (module doc): ``mse`` the
-    numpy mean of ``squares`` (pairwise summation over ``a``'s shape in C order), the scales'
-    min over the nonzero ones, max and std."""
-    with np.errstate(invalid="ignore", over="ignore"):
-        mse = float(np.mean(squares)) if n else math.nan
+    """The record from what both tiers decide alike (module doc): the counts as percentages, the
+    scales' min over the nonzero ones, max and std (``mse`` is
+    :func:`fpsim.emulate.fused.mean_square` on both)."""
     smin, smax, sstd = _scale_summary(scale_inv)
     pct = 100.0 / n if n else math.nan
     return OperandStats(n, amax, under * pct, saturated * pct, smin, smax, sstd, mse, dr)

@@ -139,7 +139,7 @@ def test_the_comparison_sees_a_wrong_count_and_a_wrong_at_max_mark(monkeypatch) 
     wrong = fused_stats(dataclasses.replace(tally, saturated=tally.saturated + 1))
     with pytest.raises(AssertionError, match="saturated_pct"):
         _same_stats(wrong, want, "one more")
-    monkeypatch.setattr(fused, "at_max_table", lambda el, largest: np.zeros(1 << el.bits, np.uint8))
+    monkeypatch.setattr(fused, "at_max_codes", lambda el, largest: np.full(2, 2**64 - 1, np.uint64))
     fused._PLANS.clear()
     try:
         with np.errstate(all="ignore"):
@@ -192,3 +192,7 @@ def test_tally_refuses_what_it_cannot_count() -> None:
         fused.tally(x, np.zeros((3, 2), np.float32))
     with pytest.raises(TypeError, match="float32 arrays of one shape"):
         fused.tally(x.astype(np.float64), x)
+    with pytest.raises(TypeError, match="unsigned codes of shape"):
+        fused.tally(x, x, codes=np.zeros((2, 3), np.int8), at_max=np.zeros(2, np.uint64))
+    with pytest.raises(TypeError, match="unsigned codes of shape"):
+        fused.tally(x, x, codes=np.zeros((2, 3), np.uint8))
