@@ -162,6 +162,8 @@ def max_block_dynamic_range(a: np.ndarray, block_format: BlockFormat | None = No
     """
     if a.dtype != np.float32:
         raise TypeError(f"max_block_dynamic_range takes a float32 array, got {a.dtype}")
+    if a.size == 0:  # no block holds a finite nonzero element
+        return 0.0
     mag = np.ascontiguousarray(a).view(np.uint32) & _MAG
     keep = (mag != 0) & (mag < _INF_BITS)
     hi = np.where(keep, mag, np.uint32(0))

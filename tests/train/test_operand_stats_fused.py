@@ -127,6 +127,22 @@ def test_compiled_delayed_statistics_equal_the_numpy_tiers() -> None:
                 assert states[Backend.NUMPY].scale == states[Backend.COMPILED].scale, what
 
 
+def test_an_empty_operand_has_the_same_statistics_on_both_backends() -> None:
+    """No elements: numel 0, the dynamic range 0, the other fields NaN, on either backend."""
+    a = np.zeros((0, 32), np.float32)
+    for name, recipe in G.GEMM_RECIPES.items():
+        for role in G.ROLES:
+            op = recipe.operand(role)
+            if isinstance(op.format, DelayedScaling):
+                out = [G.delayed_cast(a, op.format, op.format.init(), stats=True, backend=b) for b in Backend]
+                (qn, _, sn), (qc, _, sc) = out
+            else:
+                sn = _both(name, G.module_operand, a, recipe, role, G.Gemm.FPROP, "fc", 1)
+                sc = sn
+            _same_stats(sc, sn, f"{name} {role}")
+            assert sn.numel == 0 and sn.max_block_dynamic_range == 0.0 and math.isnan(sn.mse), name
+
+
 def test_the_comparison_sees_a_wrong_count_and_a_wrong_at_max_mark(monkeypatch) -> None:
     """One saturated element more, or the at-max marks of the element codes lost, is seen."""
     op = G.GEMM_RECIPES["nvfp4"].weight
