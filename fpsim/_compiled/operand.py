@@ -127,6 +127,14 @@ def block_values(
                     g = f64[j]
                     for i in range(x.size):
                         w[i] = np.nan if g != g else np.float64(x[i]) * g
+                if track:  # the block's finite nonzero magnitudes' range
+                    u, h, e = xbits[r * cols + a : r * cols + b], bhi[j], blo[j]
+                    for i in range(u.size):
+                        m = u[i] & np.uint32(0x7FFFFFFF)
+                        finite = (m - np.uint32(1)) <= np.uint32(0x7F7FFFFE)  # 0 < m < inf, unsigned
+                        h = max(h, m if finite else np.uint32(0))
+                        e = min(e, m if finite else np.uint32(0xFFFFFFFF))
+                    bhi[j], blo[j] = h, e
         codes_tile(v[:k], p, mode, nbits, mix, lo, rand[lo : lo + k] if given else rand, codes[:k])
         for r in range(r0, r1):
             first, at = ((r // rows) * bands + (r % rows) // br) * per_row, (r - r0) * cols
@@ -142,16 +150,11 @@ def block_values(
                 else:
                     for i in range(cs.size):
                         o[i] = table[cs[i]] * s
-                if track:
-                    j, e0, e1 = first + c, r * cols + a, r * cols + b
-                    x, u, n, h, g = xs[e0:e1], xbits[e0:e1], 0, bhi[j], blo[j]
-                    for i in range(cs.size):
-                        n += ((cs[i] == t0) | (cs[i] == t1)) & (abs(x[i]) > abs(o[i]))
-                        m = u[i] & np.uint32(0x7FFFFFFF)
-                        finite = (m - np.uint32(1)) <= np.uint32(0x7F7FFFFE)  # 0 < m < inf, unsigned
-                        h = max(h, m if finite else np.uint32(0))
-                        g = min(g, m if finite else np.uint32(0xFFFFFFFF))
-                    sat[0], bhi[j], blo[j] = sat[0] + n, h, g
+        if track:  # the tile's saturated elements, in one loop
+            ct, ot, xt, n = codes[:k], out[lo : lo + k], xs[lo : lo + k], 0
+            for i in range(k):
+                n += ((ct[i] == t0) | (ct[i] == t1)) & (abs(xt[i]) > abs(ot[i]))
+            sat[0] += n
 
 
 @jit
