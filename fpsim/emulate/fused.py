@@ -355,6 +355,8 @@ def _fresh_ranges(count: int) -> tuple[np.ndarray, np.ndarray]:
 
 
 _NOCODES = _compiled.frozen(np.zeros(0, np.uint8))
+_NOSAT = np.zeros(0, np.int64)  # block_values without statistics: nothing counted (never written)
+_NORANGE = np.zeros(0, np.uint32)
 _NOTOP = np.full(2, _NO_CODE, np.uint64)
 
 
@@ -395,11 +397,13 @@ def _quantize(x, fmt, mode, rand, seed, track: bool):
     f32 = _NONE32 if plan.pow2 else _compiled.frozen(factor, _F32)
     f64 = _compiled.frozen(factor, np.float64) if plan.pow2 else _NONE64
     tscale = _F32(tensor if tensor is not None else 1)
-    sat = np.zeros(1 if track else 0, np.int64)
-    hi, lo = _fresh_ranges(plan.blocks if track else 0)
+    if track:
+        sat, (hi, lo), bits = np.zeros(1, np.int64), _fresh_ranges(plan.blocks), xs.view(np.uint32)
+    else:
+        sat, hi, lo, bits = _NOSAT, _NORANGE, _NORANGE, _NORANGE
     loops.block_values(
         xs, plan.layout, f32, f64, dscale, tscale, plan.params, mode.code, 32, mix, words, plan.table, out,
-        plan.at_max, sat, (xs.view(np.uint32), hi, lo),
+        plan.at_max, sat, (bits, hi, lo),
     )  # fmt: skip
     return out.reshape(x.shape), sat, (hi, lo), dscale, tensor, plan, xs
 
