@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import fnmatch
 from collections.abc import Iterable
-from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -48,6 +47,7 @@ from .gemm import (
     module_operand,
     resolve_recipe,
 )
+from .gemmstat import GemmStat
 
 __all__ = ["EmulatedLinear", "GemmStat", "convert", "gemm_stats"]
 
@@ -57,30 +57,6 @@ _USES = {
     "grad_output": (Gemm.DGRAD, Gemm.WGRAD),
 }
 """The GEMMs each role enters; the first sees it in its own orientation."""
-
-
-@dataclass(frozen=True)
-class GemmStat:
-    """The statistics of one operand of one GEMM of one module at one step, under the recipe
-    trained with or a what-if recipe (``recipe``: its name)."""
-
-    module: str
-    recipe: str
-    step: int
-    gemm: str
-    role: str
-    stats: OperandStats
-
-    def row(self) -> dict:
-        """A flat dict (module, recipe, step, gemm, role and the :class:`OperandStats` fields)."""
-        return {
-            "module": self.module,
-            "recipe": self.recipe,
-            "step": self.step,
-            "gemm": self.gemm,
-            "role": self.role,
-            **vars(self.stats),
-        }
 
 
 class EmulatedLinear(torch.nn.Linear):
