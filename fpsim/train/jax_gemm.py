@@ -55,20 +55,22 @@ the scales equal the torch path's (its matmul swapped for ``np.matmul``) and tho
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Iterable
 from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.custom_batching import custom_vmap
 
 from .._compiled import Backend
 from ..emulate.blocks import block_geometry
 from ..emulate.delayed import DelayedScaling, DelayedState
 from ..formats import BlockFormat
-from .gemm import ROLES, Gemm, GemmRecipe, delayed_cast, gemm, module_operand, resolve_recipe
+from .gemm import ROLES, Gemm, GemmRecipe, OperandStats, delayed_cast, gemm, module_operand, resolve_recipe
+from .gemmstat import GemmStat, StatLog
 
-__all__ = ["DelayedStates", "RoleState", "init_state", "linear"]
+__all__ = ["Dense", "DelayedStates", "GemmStat", "RoleState", "gemm_stats", "init_state", "linear"]
 
 _F32 = np.float32
 
@@ -81,6 +83,13 @@ _OPERANDS = (
     ("input", Gemm.WGRAD),
 )
 """The six quantized operands: fprop's two, then the backward's four."""
+
+_USES = {
+    "input": (Gemm.FPROP, Gemm.WGRAD),
+    "weight": (Gemm.FPROP, Gemm.DGRAD),
+    "grad_output": (Gemm.DGRAD, Gemm.WGRAD),
+}
+"""The GEMMs each role enters; the first sees it in its own orientation (a delayed cast serves both)."""
 
 
 class RoleState(NamedTuple):
@@ -120,21 +129,6 @@ def init_state(recipe: GemmRecipe | str) -> DelayedStates:
         st = recipe.operand(r).format.init()
         states[r] = RoleState(jnp.asarray(st.history, jnp.float32), jnp.asarray(st.scale, jnp.float32))
     return DelayedStates(**states)
-
-
-def _quantize(a: np.ndarray, recipe: GemmRecipe, role: str, g: Gemm, name: str, step: int, backend: Backend):
-    """``a`` (oriented: contraction axis last) as GEMM ``g`` reads it: the torch layer's
-    :func:`fpsim.train.gemm.module_operand`."""
-    return module_operand(np.ascontiguousarray(a, _F32), recipe, role, g, name, step, backend)[0]
-
-
-def _delayed(
-    a: np.ndarray, policy: DelayedScaling, st: RoleState, backend: Backend
-) -> tuple[np.ndarray, RoleState]:
-    """One step of delayed scaling of ``a`` on the host: :func:`fpsim.train.gemm.delayed_cast`."""
-    state = DelayedState(np.array(st.history, _F32), float(_F32(st.scale)))
-    q, new, _ = delayed_cast(np.ascontiguousarray(a, _F32), policy, state, backend=backend)
-    return q, RoleState(new.history, _F32(new.scale))
 
 
 def _check(recipe: GemmRecipe, name: str, m: int, n: int, k: int) -> None:
@@ -192,10 +186,15 @@ def _check_state(recipe: GemmRecipe, name: str, state: DelayedStates | None) -> 
 
 
 def linear(
-    recipe: GemmRecipe | str, *, name: str = "linear", backend: Backend | str = "auto"
-) -> Callable[..., jax.Array]:
+    recipe: GemmRecipe | str,
+    *,
+    name: str = "linear",
+    backend: Backend | str = "auto",
+    stats: bool = False,
+    what_if: Iterable[GemmRecipe | str] = (),
+) -> Dense:
     """An emulated ``dense(x, w, step[, state]) -> x @ w.T`` whose three GEMMs run in ``recipe``
-    (module doc).
+    (module doc), a :class:`Dense`.
 
     ``x``: float32 ``(..., K)``; ``w``: float32 ``(N, K)`` (torch's ``nn.Linear`` layout);
     ``step``: the step (an int or int32 scalar, traced under ``jax.jit``), the torch module's
@@ -210,34 +209,138 @@ def linear(
         name: the layer's name (the torch module's name in the model; ``convert`` of a bare
             ``nn.Linear`` names it ``"linear"``).
         backend: where the emulator's loops run (:class:`fpsim.Backend`).
+        stats: record per-operand statistics (:meth:`Dense.gemm_stats`; module doc).
+        what_if: recipes (names or GemmRecipes) whose statistics are recorded next to the
+            trained recipe's, on the same operands, as ``convert(what_if=)`` does. Needs
+            ``stats``; recipes without delayed scaling only (module doc says why).
 
     Raises:
-        ValueError: an unknown recipe, or at the call (tracing) inputs that are not float32, a
+        ValueError: an unknown recipe, what-if recipes without ``stats``, with delayed scaling
+            or named like another, or at the call (tracing) inputs that are not float32, a
             ``w`` that is not 2-D, a feature count that differs from ``w``'s, a shape an
             operand's format refuses, a state missing, unwanted or shaped unlike
             :func:`init_state`'s (named).
+        TypeError: ``stats`` not a bool.
     """
-    layer = _Layer(resolve_recipe(recipe), name, Backend.resolve(backend))
-    dense2 = jax.custom_vjp(lambda x2, w, step, state: layer.fwd(x2, w, step, state)[0])
-    dense2.defvjp(layer.fwd, layer.bwd)
+    if not isinstance(stats, bool):
+        raise TypeError(f"{name}: stats must be a bool, got {stats!r}")
+    recipe = resolve_recipe(recipe)
+    what_if = tuple(resolve_recipe(r) for r in ([what_if] if isinstance(what_if, str) else what_if))
+    names = [recipe.name, *(r.name for r in what_if)]
+    if len(set(names)) < len(names):
+        raise ValueError(
+            f"{name}: the recipe and the what-if recipes need distinct names, got {', '.join(names)}"
+        )
+    if what_if and not stats:
+        raise ValueError(f"{name}: what_if records statistics only: pass stats=True")
+    for r in what_if:
+        if _delayed_roles(r):
+            raise ValueError(
+                f"{name}: what-if recipe {r.name!r} scales {', '.join(_delayed_roles(r))} with delayed "
+                "scaling, whose state would live on the host, stepped by callbacks JAX may run again; "
+                "what_if takes recipes without delayed scaling (train with it, or use the torch layer)"
+            )
+    return Dense(_Layer(recipe, name, Backend.resolve(backend), stats, what_if))
 
-    def dense(
-        x: jax.Array, w: jax.Array, step: jax.Array | int, state: DelayedStates | None = None
+
+class Dense:
+    """The emulated ``dense(x, w, step[, state])`` of :func:`linear` (call it; it works under
+    ``jax.jit``, ``jax.grad`` and ``jax.checkpoint``) and, with ``stats``, its statistics."""
+
+    def __init__(self, layer: _Layer) -> None:
+        self._layer = layer
+        dense2 = jax.custom_vjp(lambda x2, w, step, state: layer.fwd(x2, w, step, state)[0])
+        dense2.defvjp(layer.fwd, layer.bwd)
+        self._dense2 = dense2
+
+    @property
+    def name(self) -> str:
+        """The layer's name."""
+        return self._layer.name
+
+    @property
+    def recipe(self) -> GemmRecipe:
+        """The recipe trained with."""
+        return self._layer.recipe
+
+    def __call__(
+        self, x: jax.Array, w: jax.Array, step: jax.Array | int, state: DelayedStates | None = None
     ) -> jax.Array:
-        x, w, step = layer.check(x, w, step, state)
+        x, w, step = self._layer.check(x, w, step, state)
         m, k = int(np.prod(x.shape[:-1], dtype=np.int64)), x.shape[-1]
-        return dense2(x.reshape(m, k), w, step, state).reshape(*x.shape[:-1], w.shape[0])
+        return self._dense2(x.reshape(m, k), w, step, state).reshape(*x.shape[:-1], w.shape[0])
 
-    return dense
+    def records(self) -> list[GemmStat]:
+        """The :class:`GemmStat` records, ordered as :meth:`gemm_stats`.
+
+        Raises:
+            ValueError: the layer was made without ``stats``.
+        """
+        return [r for _, r in self._log().records()]
+
+    def gemm_stats(self) -> list[dict]:
+        """The records as flat dicts (:meth:`GemmStat.row`), by step, GEMM and role in the torch
+        layer's order (:func:`gemm_stats` of this layer alone).
+
+        Raises:
+            ValueError: the layer was made without ``stats``.
+        """
+        return gemm_stats([self])
+
+    def _log(self) -> StatLog:
+        if self._layer.log is None:
+            raise ValueError(f"{self.name}: made without stats, it records none: linear(..., stats=True)")
+        return self._layer.log
+
+
+def gemm_stats(layers: Iterable[Dense]) -> list[dict]:
+    """Every record of ``layers`` (each made with ``stats``) as flat dicts, in the order of
+    :func:`fpsim.train.linear.gemm_stats` for a model holding them in that order: by step,
+    GEMM, layer, then role as the torch layer records them.
+
+    Raises:
+        ValueError: a layer made without ``stats``.
+    """
+    keyed = [(k[:2], i, k[2], r) for i, d in enumerate(layers) for k, r in d._log().records()]
+    return [r.row() for *_, r in sorted(keyed, key=lambda t: t[:3])]
+
+
+def _append_order(recipe: GemmRecipe, what_if: tuple[GemmRecipe, ...]) -> dict[tuple[Gemm, str, str], int]:
+    """The position of each (GEMM, role, recipe name) in the sequence the torch layer records a
+    step in (forward: input, weight; backward: grad_output, then weight and input where they
+    are cast again; each cast followed by its what-if recipes'; a delayed cast recorded for
+    both its GEMMs at once). :func:`fpsim.train.linear.gemm_stats` sorts stably by step and
+    GEMM, so this order within a GEMM is its row order."""
+    seq: list[tuple[Gemm, str, str]] = []
+    delayed = _delayed_roles(recipe)
+
+    def cast(role: str, *gemms: Gemm) -> None:
+        seq.extend((g, role, recipe.name) for g in gemms)
+        seq.extend((g, role, r.name) for g in gemms for r in what_if)
+
+    for role in ("input", "weight"):
+        cast(role, *(_USES[role] if role in delayed else _USES[role][:1]))
+    if "grad_output" in delayed:
+        cast("grad_output", Gemm.DGRAD, Gemm.WGRAD)
+    else:
+        cast("grad_output", Gemm.DGRAD)
+        cast("grad_output", Gemm.WGRAD)
+    for role in ("weight", "input"):
+        if role not in delayed:
+            cast(role, _USES[role][1])
+    return {k: i for i, k in enumerate(seq)}
 
 
 class _Layer:
     """What :func:`linear`'s ``dense`` runs: the checks while tracing, the host callbacks
     (quantization and GEMMs) and the custom VJP's forward and backward."""
 
-    def __init__(self, recipe: GemmRecipe, name: str, backend: Backend) -> None:
-        self.recipe, self.name, self.backend = recipe, name, backend
+    def __init__(
+        self, recipe: GemmRecipe, name: str, backend: Backend, stats: bool, what_if: tuple[GemmRecipe, ...]
+    ) -> None:
+        self.recipe, self.name, self.backend, self.what_if = recipe, name, backend, what_if
         self.policy = {r: recipe.operand(r).format for r in _delayed_roles(recipe)}
+        self.log = StatLog(name, _append_order(recipe, what_if)) if stats else None
         # jax.vmap runs the host callbacks once per batch element: dense of each element alone.
         # Not with delayed scaling, whose batched new states would be summed into one gradient.
         self.vmap = None if self.policy else "sequential"
@@ -254,7 +357,8 @@ class _Layer:
         n, k = w.shape
         if x.shape[-1] != k:
             raise ValueError(f"{name}: input has {x.shape[-1]} features, the weight {k}")
-        _check(self.recipe, name, int(np.prod(x.shape[:-1], dtype=np.int64)), n, k)
+        for recipe in (self.recipe, *self.what_if):
+            _check(recipe, name, int(np.prod(x.shape[:-1], dtype=np.int64)), n, k)
         _check_state(self.recipe, name, state)
         step = jnp.asarray(step, jnp.int32)
         if step.shape != ():
@@ -271,37 +375,80 @@ class _Layer:
         out = jax.ShapeDtypeStruct((a.shape[0], b.shape[0]), jnp.float32)
         return jax.pure_callback(self._host_gemm, out, a, b, vmap_method=self.vmap)
 
-    def quantized(self, keys, arrays, step, states):
-        """The operands ``keys`` of the oriented ``arrays``, quantized on the host, and the next
-        state of each delayed role among them (``states``: the role's RoleState, or None)."""
+    def quantized(self, keys, arrays, step, states, after=()):
+        """The operands ``keys`` of the oriented ``arrays``, quantized on the host, the next
+        state of each delayed role among them (``states``: the role's RoleState, or None) and,
+        with stats, their records (:meth:`records`) and a token: a float32 zero the backward's
+        callback takes (``after``), so that a gradient that does not read ``y`` (a loss linear
+        in it) cannot drop the forward's callback and its fprop records as dead code."""
 
-        def host(xs, s, sts):
-            out, new = [], []
+        def host(xs, s, sts, _):
+            s, out, new, recs = int(s), [], [], []
             for (role, g), a, st in zip(keys, xs, sts):
+                a = np.ascontiguousarray(a, _F32)
                 if st is None:
-                    out.append(_quantize(a, self.recipe, role, g, self.name, int(s), self.backend))
-                else:
-                    q, nst = _delayed(a, self.policy[role], st, self.backend)
-                    out.append(q)
-                    new.append(nst)
-            return tuple(out), tuple(new)
+                    q, rec = module_operand(
+                        a, self.recipe, role, g, self.name, s, self.backend, stats=self.log is not None
+                    )
+                    recs += self.records(s, role, (g,), (a,), rec)
+                else:  # one cast serves both GEMMs of the role (fpsim.train.gemm.delayed_cast)
+                    state = DelayedState(np.array(st.history, _F32), float(_F32(st.scale)))
+                    pol, want = self.policy[role], self.log is not None
+                    q, nst, rec = delayed_cast(a, pol, state, stats=want, backend=self.backend)
+                    new.append(RoleState(nst.history, _F32(nst.scale)))
+                    recs += self.records(s, role, _USES[role], (a, a.T), rec)
+                out.append(q)
+            if self.log is None:
+                return tuple(out), tuple(new), ()
+            self.log.add(recs)
+            return tuple(out), tuple(new), (_F32(0),)
 
         f32 = lambda a: jax.ShapeDtypeStruct(jnp.shape(a), jnp.float32)  # noqa: E731
         new = tuple(RoleState(f32(st.history), f32(st.scale)) for st in states if st is not None)
-        out = (tuple(f32(a) for a in arrays), new)
-        return jax.pure_callback(host, out, tuple(arrays), step, tuple(states), vmap_method=self.vmap)
+        token = () if self.log is None else (jax.ShapeDtypeStruct((), jnp.float32),)
+        out = (tuple(f32(a) for a in arrays), new, token)
+
+        def call(arrays, step, states, after):
+            return jax.pure_callback(host, out, arrays, step, states, after, vmap_method=self.vmap)
+
+        if self.log is not None:  # refuse jax.vmap while tracing, named (record's keys have no batch axis)
+            call = custom_vmap(call)
+            call.def_vmap(self._refuse_vmap)
+        return call(tuple(arrays), step, tuple(states), tuple(after))
+
+    def records(self, step: int, role: str, gemms, arrays, rec: OperandStats | None) -> list[tuple]:
+        """With stats, the entries of :meth:`fpsim.train.gemmstat.StatLog.add`: ``rec`` (the
+        recipe's) for each GEMM of ``gemms``, and each what-if recipe's statistics of the
+        oriented operand ``arrays[i]`` in ``gemms[i]`` (:func:`fpsim.train.gemm.module_operand`,
+        as the torch layer computes them); without stats none."""
+        if self.log is None:
+            return []
+        out = [(self.recipe.name, step, g, role, rec) for g in gemms]
+        for g, a in zip(gemms, arrays):
+            a = np.ascontiguousarray(a)
+            for r in self.what_if:
+                st = module_operand(a, r, role, g, self.name, step, self.backend, stats=True)[1]
+                out.append((r.name, step, g, role, st))
+        return out
+
+    def _refuse_vmap(self, axis_size, in_batched, *args):
+        raise ValueError(
+            f"{self.name}: jax.vmap of a layer made with stats=True is refused: the records are "
+            "kept per (step, GEMM, role, recipe), and a batch of per-example statistics has no key "
+            "of its own; vmap a layer made without stats, or call it on the whole batch"
+        )
 
     def fwd(self, x2, w, step, state):
         st = DelayedStates() if state is None else state
-        (xq, wq), new = self.quantized(_OPERANDS[:2], (x2, w), step, (st.input, st.weight))
+        (xq, wq), new, token = self.quantized(_OPERANDS[:2], (x2, w), step, (st.input, st.weight))
         new = iter(new)
         new_in = next(new) if st.input is not None else None
         new_w = next(new) if st.weight is not None else None
         keep = (None if new_in is None else xq, None if new_w is None else wq)
-        return self.mm(xq, wq), (x2, w, step, state, keep, new_in, new_w)
+        return self.mm(xq, wq), (x2, w, step, state, keep, new_in, new_w, token)
 
     def bwd(self, res, dy):
-        x2, w, step, state, (xq, wq), new_in, new_w = res
+        x2, w, step, state, (xq, wq), new_in, new_w, token = res
         g_st = None if state is None else state.grad_output
         want = [(_OPERANDS[2], dy, g_st)]  # the delayed casts of the forward serve the backward
         if wq is None:
@@ -311,7 +458,7 @@ class _Layer:
         if xq is None:
             want.append((_OPERANDS[5], x2.T, None))
         keys, arrays, sts = zip(*want)
-        qs, new = self.quantized(keys, arrays, step, sts)
+        qs, new, _ = self.quantized(keys, arrays, step, sts, after=token)
         qs = iter(qs)
         gq_d = next(qs)
         wq_d = next(qs) if wq is None else wq.T
