@@ -51,6 +51,25 @@ per-tensor scales), run one after another on the host. Each state belongs to one
 Tested (tests/train/test_jax_gemm.py): over 20 jitted steps, y, dx, dW, the amax histories and
 the scales equal the torch path's (its matmul swapped for ``np.matmul``) and those of
 :class:`fpsim.DelayedScaling` stepped by hand, bit for bit.
+
+Statistics (``linear(..., stats=True)``): the host callbacks record the torch layer's
+:class:`fpsim.train.gemmstat.GemmStat` records (``convert(stats=True)``), by the same code on
+the same operands: one per GEMM operand and step (a delayed cast once, for both its GEMMs), and
+with ``what_if=`` recipes one per what-if recipe too. :meth:`Dense.gemm_stats` (one layer) and
+:func:`gemm_stats` (several, in model order) give them as flat dicts in the order of
+:func:`fpsim.train.linear.gemm_stats`. JAX may run a callback again for the same values
+(``jax.checkpoint``, a function traced again): the records are kept per (step, GEMM, role,
+recipe), a repeat with equal statistics adds nothing, and other statistics for a recorded key
+(two calls passed the same step) are refused, loudly, from the callback. A forward alone (no
+gradient) records fprop only, as a torch forward does; the forward's callback hands the
+backward's a token, so that a gradient that does not read ``y`` cannot drop it as dead code.
+``jax.vmap`` of a layer with stats is refused while tracing: per-example statistics would share
+one key. What-if recipes with delayed scaling are refused: their state would live on the host,
+stepped by callbacks that JAX may run again (train with such a recipe, or ask the torch layer).
+Without stats nothing is computed or kept. Tested (tests/train/test_jax_gemm_stats.py): the rows
+of jitted ``jax.grad`` steps equal the torch path's, field by field (NaN by class) and in order,
+for bf16, fp8-current, fp8-delayed over 3 steps, mxfp8, nvfp4 and what-if recipes, for one layer
+and for two.
 """
 
 from __future__ import annotations
