@@ -312,14 +312,20 @@ class Dense:
         return self._layer.log
 
 
-def gemm_stats(layers: Iterable[Dense]) -> list[dict]:
+def gemm_stats(layers: Iterable[Dense] | Dense) -> list[dict]:
     """Every record of ``layers`` (each made with ``stats``) as flat dicts, in the order of
     :func:`fpsim.train.linear.gemm_stats` for a model holding them in that order: by step,
     GEMM, layer, then role as the torch layer records them.
 
     Raises:
         ValueError: a layer made without ``stats``.
+        TypeError: ``layers`` holds something other than a :class:`Dense` (one Dense alone is
+            taken as ``[dense]``).
     """
+    layers = [layers] if isinstance(layers, Dense) else list(layers)
+    bad = [type(d).__name__ for d in layers if not isinstance(d, Dense)]
+    if bad:
+        raise TypeError(f"gemm_stats takes layers made by linear() (Dense), got {', '.join(bad)}")
     keyed = [(k[:2], i, k[2], r) for i, d in enumerate(layers) for k, r in d._log().records()]
     return [r.row() for *_, r in sorted(keyed, key=lambda t: t[:3])]
 

@@ -197,6 +197,9 @@ def test_refusals():
     with pytest.raises(ValueError, match=r"fc: jax.vmap of a layer made with stats=True"):
         jax.jit(jax.vmap(jax.grad(lambda w, x: jnp.sum(dense(x, w, 1))), in_axes=(None, 0)))(w, xs)
     assert dense.gemm_stats() == []
+    assert gemm_stats(dense) == []
+    with pytest.raises(TypeError, match=r"takes layers made by linear\(\) \(Dense\), got function"):
+        gemm_stats([dense, lambda x: x])
     with pytest.raises(ValueError, match="what_if records statistics only: pass stats=True"):
         linear("mxfp8", what_if=["nvfp4"])
     with pytest.raises(ValueError, match=r"what-if recipe 'fp8-delayed' scales input, weight, grad_output"):
