@@ -80,6 +80,7 @@ __all__ = [
     "ACCUMULATORS",
     "GEMM_RECIPES",
     "ROLES",
+    "ROLE_GEMMS",
     "Gemm",
     "GemmRecipe",
     "OperandRecipe",
@@ -108,6 +109,15 @@ class Gemm(enum.Enum):
     FPROP = "fprop"  # y = x W^T: (x, W), contraction over in_features
     DGRAD = "dgrad"  # dx = dy W: (dy, W^T), contraction over out_features
     WGRAD = "wgrad"  # dW = dy^T x: (dy^T, x^T), contraction over the tokens
+
+
+ROLE_GEMMS = {
+    "input": (Gemm.FPROP, Gemm.WGRAD),
+    "weight": (Gemm.FPROP, Gemm.DGRAD),
+    "grad_output": (Gemm.DGRAD, Gemm.WGRAD),
+}
+"""The GEMMs each role enters; the first sees it in its own orientation, the second transposed
+(a delayed cast, or a cast that commutes with transposition, serves both)."""
 
 
 _OperandFormat = Format | BlockFormat | DelayedScaling

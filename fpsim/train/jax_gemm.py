@@ -86,7 +86,17 @@ from .._compiled import Backend
 from ..emulate.blocks import block_geometry
 from ..emulate.delayed import DelayedScaling, DelayedState
 from ..formats import BlockFormat
-from .gemm import ROLES, Gemm, GemmRecipe, OperandStats, delayed_cast, gemm, module_operand, resolve_recipe
+from .gemm import (
+    ROLE_GEMMS,
+    ROLES,
+    Gemm,
+    GemmRecipe,
+    OperandStats,
+    delayed_cast,
+    gemm,
+    module_operand,
+    resolve_recipe,
+)
 from .gemmstat import GemmStat, StatLog
 
 __all__ = ["Dense", "DelayedStates", "GemmStat", "RoleState", "gemm_stats", "init_state", "linear"]
@@ -102,13 +112,6 @@ _OPERANDS = (
     ("input", Gemm.WGRAD),
 )
 """The six quantized operands: fprop's two, then the backward's four."""
-
-_USES = {
-    "input": (Gemm.FPROP, Gemm.WGRAD),
-    "weight": (Gemm.FPROP, Gemm.DGRAD),
-    "grad_output": (Gemm.DGRAD, Gemm.WGRAD),
-}
-"""The GEMMs each role enters; the first sees it in its own orientation (a delayed cast serves both)."""
 
 
 class RoleState(NamedTuple):
@@ -344,7 +347,7 @@ def _append_order(recipe: GemmRecipe, what_if: tuple[GemmRecipe, ...]) -> dict[t
         seq.extend((g, role, r.name) for g in gemms for r in what_if)
 
     for role in ("input", "weight"):
-        cast(role, *(_USES[role] if role in delayed else _USES[role][:1]))
+        cast(role, *(ROLE_GEMMS[role] if role in delayed else ROLE_GEMMS[role][:1]))
     if "grad_output" in delayed:
         cast("grad_output", Gemm.DGRAD, Gemm.WGRAD)
     else:
@@ -352,7 +355,7 @@ def _append_order(recipe: GemmRecipe, what_if: tuple[GemmRecipe, ...]) -> dict[t
         cast("grad_output", Gemm.WGRAD)
     for role in ("weight", "input"):
         if role not in delayed:
-            cast(role, _USES[role][1])
+            cast(role, ROLE_GEMMS[role][1])
     return {k: i for i, k in enumerate(seq)}
 
 
@@ -421,7 +424,7 @@ class _Layer:
                     pol, want = self.policy[role], self.log is not None
                     q, nst, rec = delayed_cast(a, pol, state, stats=want, backend=self.backend)
                     new.append(RoleState(nst.history, _F32(nst.scale)))
-                    recs += self.records(s, role, _USES[role], (a, a.T), rec)
+                    recs += self.records(s, role, ROLE_GEMMS[role], (a, a.T), rec)
                 out.append(q)
             if self.log is None:
                 return tuple(out), tuple(new), ()

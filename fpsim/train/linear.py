@@ -38,6 +38,7 @@ from ..emulate.blocks import block_geometry
 from ..emulate.delayed import DelayedScaling
 from ..formats import BlockFormat
 from .gemm import (
+    ROLE_GEMMS,
     ROLES,
     Gemm,
     GemmRecipe,
@@ -50,13 +51,6 @@ from .gemm import (
 from .gemmstat import GemmStat
 
 __all__ = ["EmulatedLinear", "GemmStat", "convert", "gemm_stats"]
-
-_USES = {
-    "input": (Gemm.FPROP, Gemm.WGRAD),
-    "weight": (Gemm.FPROP, Gemm.DGRAD),
-    "grad_output": (Gemm.DGRAD, Gemm.WGRAD),
-}
-"""The GEMMs each role enters; the first sees it in its own orientation."""
 
 
 class EmulatedLinear(torch.nn.Linear):
@@ -150,11 +144,11 @@ class EmulatedLinear(torch.nn.Linear):
         q, self.delayed[role], st = delayed_cast(
             a, self.recipe.operand(role).format, self.delayed[role], stats=self.stats, backend=self.backend
         )
-        for g in _USES[role]:
+        for g in ROLE_GEMMS[role]:
             self._record(self.recipe, step, g, role, st)
         if self.what_if:
-            self._what_if(a, role, _USES[role][0], step)
-            self._what_if(np.ascontiguousarray(a.T), role, _USES[role][1], step)
+            self._what_if(a, role, ROLE_GEMMS[role][0], step)
+            self._what_if(np.ascontiguousarray(a.T), role, ROLE_GEMMS[role][1], step)
         return q
 
     def _quantize(self, a, recipe: GemmRecipe, role: str, gemm: Gemm, step: int, stats: bool):
@@ -166,12 +160,12 @@ class EmulatedLinear(torch.nn.Linear):
         for recipe in self.what_if:
             op = recipe.operand(role)
             if isinstance(op.format, DelayedScaling):
-                if gemm is _USES[role][0]:
+                if gemm is ROLE_GEMMS[role][0]:
                     key = (recipe.name, role)
                     _, self.what_if_delayed[key], st = delayed_cast(
                         a, op.format, self.what_if_delayed[key], stats=True, backend=self.backend
                     )
-                    for g in _USES[role]:
+                    for g in ROLE_GEMMS[role]:
                         self._record(recipe, step, g, role, st)
             else:
                 self._record(recipe, step, gemm, role, self._quantize(a, recipe, role, gemm, step, True)[1])
