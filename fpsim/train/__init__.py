@@ -12,6 +12,8 @@
   backward passes.
 - :mod:`fpsim.train.jax_gemm`: :func:`~fpsim.train.jax_gemm.linear`, the same GEMMs for JAX
   (``x @ w.T`` through ``jax.custom_vjp``, the operands quantized by the same code).
+- :mod:`fpsim.train.opstats` (one operand's statistics, as TE's debug tools log them) and
+  :mod:`fpsim.train.gemmstat` (the per-step records both layers keep).
 
 Each update of one tensor is :func:`fpsim.replay.tensorstep.tensor_step`, the replay's own
 (one implementation: a live loop and a replay of its recorded gradients give the same bits).
