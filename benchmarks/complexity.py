@@ -1,18 +1,24 @@
 """The largest function signatures and the longest functions of fpsim/ (its Triton kernels included).
 
-Run: ``python benchmarks/complexity.py [--top 10] [--lines 80] [ROOT]``.
+Run: ``python benchmarks/complexity.py [--top 10] [--lines 80] [--before REV] [ROOT]``.
 
 Reads the source with the standard library's :mod:`ast` only (nothing is imported, so it runs
 without numba, triton or torch) and prints two tables: the ``--top`` functions with the most
 parameters (every positional, keyword-only and ``*args``/``**kwargs`` parameter counts one;
 ``@triton.jit`` kernels are marked ``jit``), and every function longer than ``--lines`` lines
-(from its ``def`` line, decorators excluded, to its last line), longest first.
+(from its ``def`` line, decorators excluded, to its last line), longest first. With
+``--before REV`` it prints the same tables for git revision ``REV`` of ``ROOT`` first (read
+with ``git archive``, nothing checked out or written), then a line comparing the two: the
+largest signature and the number of long functions, before and after.
 """
 
 from __future__ import annotations
 
 import argparse
 import ast
+import io
+import subprocess
+import tarfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -77,8 +83,12 @@ def _count_params(args: ast.arguments) -> int:
 
 def functions(path: Path, root: Path) -> list[Function]:
     """Every function and method defined in one source file, nested ones included."""
-    tree = ast.parse(path.read_text(), filename=str(path))
-    rel = str(path.relative_to(root))
+    return functions_in(path.read_text(), str(path.relative_to(root)))
+
+
+def functions_in(source: str, rel: str) -> list[Function]:
+    """Every function and method defined in ``source`` (the file ``rel``), nested ones included."""
+    tree = ast.parse(source, filename=rel)
     found: list[Function] = []
     aliases = _jit_aliases(tree)
 
@@ -111,6 +121,37 @@ def collect(root: Path) -> list[Function]:
     return out
 
 
+def collect_at(root: Path, rev: str) -> list[Function]:
+    """The functions of every ``.py`` file under ``fpsim/`` at git revision ``rev`` of ``root``.
+
+    Raises:
+        ValueError: ``root`` is not a git repository or has no revision ``rev`` (git's message).
+    """
+    run = subprocess.run(
+        ["git", "-C", str(root), "archive", "--format=tar", rev, "--", *TREES], capture_output=True
+    )
+    if run.returncode:
+        err = run.stderr.decode(errors="replace").strip()
+        raise ValueError(f"--before {rev}: git archive of {root} failed: {err}")
+    out: list[Function] = []
+    with tarfile.open(fileobj=io.BytesIO(run.stdout)) as tar:
+        for member in sorted(tar.getmembers(), key=lambda m: m.name):
+            if member.isfile() and member.name.endswith(".py"):
+                source = tar.extractfile(member).read().decode()
+                out.extend(functions_in(source, member.name))
+    return out
+
+
+def summary(before: list[Function], after: list[Function], lines: int) -> str:
+    """One line: the largest signature and the count of functions over ``lines`` lines, before -> after."""
+
+    def numbers(found: list[Function]) -> tuple[int, int]:
+        return max((f.params for f in found), default=0), sum(f.length > lines for f in found)
+
+    (p0, n0), (p1, n1) = numbers(before), numbers(after)
+    return f"largest signature {p0} -> {p1}; functions over {lines} lines {n0} -> {n1}"
+
+
 def report(found: list[Function], top: int, lines: int) -> str:
     """The two tables as text: the ``top`` largest signatures, the functions over ``lines`` lines."""
     rows = [f"largest signatures (top {top} of {len(found)} functions; jit = @triton.jit kernel)"]
@@ -131,10 +172,24 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("root", nargs="?", type=Path, default=ROOT, help="repository root")
     parser.add_argument("--top", type=int, default=10, help="how many signatures to list")
     parser.add_argument("--lines", type=int, default=80, help="list functions longer than this")
+    parser.add_argument(
+        "--before", metavar="REV", help="also the tables of git revision REV, and a comparison"
+    )
     args = parser.parse_args(argv)
     if args.top < 1 or args.lines < 1:
         parser.error(f"--top and --lines must be positive, got {args.top} and {args.lines}")
-    print(report(collect(args.root.resolve()), args.top, args.lines))
+    root = args.root.resolve()
+    now = collect(root)
+    if args.before is None:
+        print(report(now, args.top, args.lines))
+        return
+    try:
+        before = collect_at(root, args.before)
+    except ValueError as e:
+        parser.error(str(e))
+    print(f"before ({args.before})\n{report(before, args.top, args.lines)}\n")
+    print(f"now\n{report(now, args.top, args.lines)}\n")
+    print(summary(before, now, args.lines))
 
 
 if __name__ == "__main__":

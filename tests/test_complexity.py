@@ -92,3 +92,21 @@ def test_runs_as_a_script_and_refuses_bad_arguments(tree):
     assert "     5       fpsim/sub/m.py:5 loop" in out and "fpsim/kernels/k.py:8 k" not in out
     bad = subprocess.run([*run[:-1], "0"], capture_output=True, text=True)
     assert bad.returncode == 2 and "--top and --lines must be positive, got 0" in bad.stderr
+
+
+def test_before_compares_with_a_git_revision(script, tree, capsys):
+    """``--before REV`` reads REV's sources from git (nothing checked out) and prints both."""
+    git = ["git", "-C", str(tree), "-c", "user.name=t", "-c", "user.email=t@t", "-c", "commit.gpgsign=false"]
+    subprocess.run([*git, "init", "-q"], check=True)
+    subprocess.run([*git, "add", "fpsim"], check=True)
+    subprocess.run([*git, "commit", "-q", "-m", "one"], check=True)
+    (tree / "fpsim" / "sub" / "m.py").write_text("def loop(a):\n    return a\n")  # 5 -> 1 parameter
+    before = script.collect_at(tree, "HEAD")
+    assert {f.name: f.params for f in before}["loop"] == 5  # the committed file, not the edited one
+    script.main([str(tree), "--before", "HEAD", "--top", "1"])
+    out = capsys.readouterr().out.splitlines()
+    assert out[0] == "before (HEAD)" and "     5       fpsim/sub/m.py:5 loop" in out
+    assert out[-1] == "largest signature 5 -> 4; functions over 80 lines 1 -> 0"
+    with pytest.raises(SystemExit):
+        script.main([str(tree), "--before", "no-such-rev"])
+    assert "--before no-such-rev: git archive of" in capsys.readouterr().err
