@@ -101,10 +101,14 @@ class StatLog:
                     )
             self._records.update(fresh)
 
-    def records(self) -> list[tuple[tuple[int, int, int], GemmStat]]:
-        """Each record with its sort key (step, GEMM, position), sorted by it."""
+    def records(self, *, clear: bool = False) -> list[tuple[tuple[int, int, int], GemmStat]]:
+        """Each record with its sort key (step, GEMM, position), sorted by it; with ``clear``
+        the log is emptied in the same step (a record added meanwhile is kept for the next
+        call), and a step run again afterwards is recorded again."""
         with self._lock:
             recs = list(self._records.values())
+            if clear:
+                self._records = {}
         keyed = [
             ((r.step, _GEMM_ORDER[Gemm(r.gemm)], self._order[(Gemm(r.gemm), r.role, r.recipe)]), r)
             for r in recs

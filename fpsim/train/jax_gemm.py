@@ -292,22 +292,22 @@ class Dense:
         m, k = int(np.prod(x.shape[:-1], dtype=np.int64)), x.shape[-1]
         return self._dense2(x.reshape(m, k), w, step, state).reshape(*x.shape[:-1], w.shape[0])
 
-    def records(self) -> list[GemmStat]:
-        """The :class:`GemmStat` records, ordered as :meth:`gemm_stats`.
+    def records(self, *, clear: bool = False) -> list[GemmStat]:
+        """The :class:`GemmStat` records, ordered as :meth:`gemm_stats` (``clear``: as there).
 
         Raises:
             ValueError: the layer was made without ``stats``.
         """
-        return [r for _, r in self._log().records()]
+        return [r for _, r in self._log().records(clear=clear)]
 
-    def gemm_stats(self) -> list[dict]:
+    def gemm_stats(self, *, clear: bool = False) -> list[dict]:
         """The records as flat dicts (:meth:`GemmStat.row`), by step, GEMM and role in the torch
-        layer's order (:func:`gemm_stats` of this layer alone).
+        layer's order (:func:`gemm_stats` of this layer alone); ``clear`` empties the log.
 
         Raises:
             ValueError: the layer was made without ``stats``.
         """
-        return gemm_stats([self])
+        return gemm_stats([self], clear=clear)
 
     def _log(self) -> StatLog:
         if self._layer.log is None:
@@ -315,10 +315,16 @@ class Dense:
         return self._layer.log
 
 
-def gemm_stats(layers: Iterable[Dense] | Dense) -> list[dict]:
+def gemm_stats(layers: Iterable[Dense] | Dense, *, clear: bool = False) -> list[dict]:
     """Every record of ``layers`` (each made with ``stats``) as flat dicts, in the order of
     :func:`fpsim.train.linear.gemm_stats` for a model holding them in that order: by step,
     GEMM, layer, then role as the torch layer records them.
+
+    The callbacks record as a jitted step runs, which may be after the call that dispatched it
+    returned: read the statistics of a step after its results are ready
+    (``jax.block_until_ready``). ``clear`` empties each layer's log as it is read, so that a
+    long run can drain its statistics every few steps instead of keeping them all in memory (a
+    step run again after that is recorded again).
 
     Raises:
         ValueError: a layer made without ``stats``.
@@ -329,7 +335,8 @@ def gemm_stats(layers: Iterable[Dense] | Dense) -> list[dict]:
     bad = [type(d).__name__ for d in layers if not isinstance(d, Dense)]
     if bad:
         raise TypeError(f"gemm_stats takes layers made by linear() (Dense), got {', '.join(bad)}")
-    keyed = [(k[:2], i, k[2], r) for i, d in enumerate(layers) for k, r in d._log().records()]
+    logs = [d._log() for d in layers]  # every layer checked before any log is cleared
+    keyed = [(k[:2], i, k[2], r) for i, log in enumerate(logs) for k, r in log.records(clear=clear)]
     return [r.row() for *_, r in sorted(keyed, key=lambda t: t[:3])]
 
 

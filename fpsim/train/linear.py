@@ -310,9 +310,15 @@ def convert(
     return model
 
 
-def gemm_stats(model: torch.nn.Module) -> list[dict]:
+def gemm_stats(model: torch.nn.Module, *, clear: bool = False) -> list[dict]:
     """Every recorded :class:`GemmStat` of ``model``'s emulated layers as flat dicts, by step,
-    module order, GEMM and role."""
-    rows = [s.row() for m in model.modules() if isinstance(m, EmulatedLinear) for s in m.gemm_stats]
+    module order, GEMM and role; ``clear`` empties the modules' ``gemm_stats`` lists as they
+    are read, so that a long run can drain its statistics every few steps instead of keeping
+    them all in memory."""
+    layers = [m for m in model.modules() if isinstance(m, EmulatedLinear)]
+    rows = [s.row() for m in layers for s in m.gemm_stats]
+    if clear:
+        for m in layers:
+            m.gemm_stats.clear()
     order = {g.value: i for i, g in enumerate(Gemm)}
     return sorted(rows, key=lambda r: (r["step"], order[r["gemm"]]))

@@ -211,3 +211,27 @@ def test_refusals():
     # a what-if recipe's shapes are checked too: nvfp4's Hadamard transform over 20 tokens
     with pytest.raises(ValueError, match=r"fc: grad_output in wgrad \(8, 20\) under .*divisible by 16"):
         linear("mxfp8", name="fc", stats=True, what_if=["nvfp4"])(np.ones((20, 32), F32), w, 1)
+
+
+def test_clear_drains_the_records():
+    """``gemm_stats(clear=True)`` returns the rows and empties the logs: the next read has only
+    what ran since, equal to the rows of those steps read without clearing, and the torch
+    path drains its modules' lists alike."""
+    rng = np.random.default_rng(5)
+    xs, w, dy = [_wide(rng, (16, 32)) for _ in range(3)], _wide(rng, (16, 32)), _wide(rng, (16, 16))
+    runs = {}
+    for clear in (False, True):
+        dense = linear("fp8-current", name="fc", stats=True)
+        grad = jax.jit(jax.grad(lambda w, x, s: jnp.vdot(dy, dense(x, w, s))))  # noqa: B023
+        jax.block_until_ready(grad(w, xs[0], 1))
+        first = gemm_stats(dense, clear=clear)
+        for step in (2, 3):
+            jax.block_until_ready(grad(w, xs[step - 1], step))
+        runs[clear] = (first, dense.gemm_stats())
+    (first, kept), (drained, rest) = runs[False], runs[True]
+    assert len(first) == 6 and _same_rows(drained, first)
+    assert len(kept) == 18 and _same_rows(rest, kept[6:])  # steps 2 and 3 only
+    model = torch.nn.Sequential(torch.nn.Linear(32, 16, bias=False))
+    convert(model, "fp8-current", stats=True)
+    model(torch.tensor(xs[0], requires_grad=True)).backward(torch.tensor(dy))
+    assert len(L.gemm_stats(model, clear=True)) == 6 and L.gemm_stats(model) == []
