@@ -15,7 +15,7 @@ operands this way on the compiled backend.
 block loop counts the saturated elements from their codes, and one more compiled pass over the
 input and the values (:func:`tally`) the amax, underflows, squared errors and each block's
 magnitude range; :func:`fpsim.train.opstats.fused_stats` turns it into the numpy tier's
-:class:`~fpsim.train.gemm.OperandStats`, field by field (``tests/train/test_operand_stats_fused.py``).
+:class:`~fpsim.train.opstats.OperandStats`, field by field (``tests/train/test_operand_stats_fused.py``).
 
 Covered: element formats of at most 16 bits and block formats of such elements with a
 non-codebook scale rule whose blocks span at most the last two axes (every preset GEMM recipe's
@@ -219,7 +219,7 @@ def quantize_values(
 class Tally:
     """What the statistics of a quantized operand take from one compiled pass over the input
     ``x`` and its values ``q`` (:func:`quantize_tally`, :func:`tally`), each decided as
-    :func:`fpsim.train.gemm.operand_stats` decides it on numpy.
+    :func:`fpsim.train.opstats.operand_stats` decides it on numpy.
 
     Attributes:
         amax: the largest ``|x|``, NaN skipped (:func:`fpsim.formats.amax.amax_ignore_nan`).
@@ -233,7 +233,7 @@ class Tally:
         scale_inv: the decode scales as float64 in the shape of the BlockCodes' scales (NVFP4:
             times the tensor scale); None without scales.
         widest: ``(max, min)`` magnitude of the finite nonzero elements of the first block with
-            the largest ``max / min`` (blocks of :func:`fpsim.train.gemm.max_block_dynamic_range`),
+            the largest ``max / min`` (blocks of :func:`fpsim.train.opstats.max_block_dynamic_range`),
             or None where no block has such an element.
     """
 

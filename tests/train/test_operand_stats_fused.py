@@ -33,8 +33,6 @@ from fpsim.train.torch import convert, gemm_stats  # noqa: E402
 
 SHAPES = [(1, 1), (3, 37), (33, 65), (128, 96)]
 H_SHAPES = [(1, 16), (3, 48), (33, 80), (128, 96)]  # the Hadamard transform takes 16 | columns
-_USES = {"input": (G.Gemm.FPROP, G.Gemm.WGRAD), "weight": (G.Gemm.FPROP, G.Gemm.DGRAD)}
-_USES["grad_output"] = (G.Gemm.DGRAD, G.Gemm.WGRAD)
 
 
 def _inputs(shape: tuple[int, int], seed: int, finite: bool = False) -> np.ndarray:
@@ -98,7 +96,7 @@ def test_compiled_statistics_equal_the_numpy_tiers(name: str) -> None:
             if op.stochastic:  # given words
                 words = np.random.default_rng(3).integers(0, 1 << 32, shape, dtype=np.uint32)
                 seen.append(_both(what, G.quantize_operand, x, op, random_bits=words))
-            for g in _USES[role]:  # the layer's path: Hadamard, words drawn from the operand seed
+            for g in G.ROLE_GEMMS[role]:  # the layer's path: Hadamard, words drawn from the operand seed
                 s = H_SHAPES[SHAPES.index(shape)] if op.hadamard and g is G.Gemm.WGRAD else shape
                 y = _inputs(s, s[1])
                 seen.append(_both(f"{what} {g.value} {s}", G.module_operand, y, recipe, role, g, "fc", 7))
